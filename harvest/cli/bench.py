@@ -1,0 +1,55 @@
+"""`harvest bench NAME`: run one benchmark, print its result as one JSON object, then as a table.
+
+A benchmark module defines `add_arguments(parser)` and `run(args) -> dict` (flat or one level nested).
+"""
+
+import argparse
+import importlib
+import json
+
+BENCH_MODULES = {
+    "predictor": "predictor.bench",
+    "allocator": "allocator.bench",
+    "finetune": "harvest.finetune.bench",
+    "serve": "harvest.bench_serve",
+}
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("bench", help="run a benchmark; prints JSON and a table")
+    names = parser.add_subparsers(dest="bench", metavar="NAME", required=True)
+    for name, module_name in BENCH_MODULES.items():
+        sub = names.add_parser(name, help=f"benchmark {name}")
+        sub.set_defaults(func=run, bench_module=module_name)
+        try:
+            importlib.import_module(module_name).add_arguments(sub)
+        except ModuleNotFoundError as e:
+            if e.name != module_name:
+                raise
+
+
+def run(args: argparse.Namespace) -> int:
+    result = importlib.import_module(args.bench_module).run(args)
+    print(json.dumps(result))
+    print_table(args.bench, result)
+    return 0
+
+
+def print_table(title: str, result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"harvest bench {title}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in _flatten(result):
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    Console(stderr=True).print(table)
+
+
+def _flatten(result: dict, prefix: str = ""):
+    for key, value in result.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value

@@ -1,0 +1,31 @@
+"""`harvest status --admin URL`: a running worker's stats as a table."""
+
+import argparse
+
+import httpx
+
+from harvest.errors import HarvestError
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("status", help="print a running worker's stats")
+    parser.add_argument("--admin", default="http://127.0.0.1:30100", help="admin URL of the worker")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON instead of tables")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harvest.stats_table import print_stats_table
+    from harvest.worker_client import read_stats
+
+    try:
+        stats = read_stats(args.admin.rstrip("/"))
+    except httpx.HTTPError as e:
+        raise HarvestError(f"cannot read stats from {args.admin}: {e}") from None
+    if args.json:
+        import json
+
+        print(json.dumps(stats, indent=2))
+    else:
+        print_stats_table(stats)
+    return 0

@@ -1,0 +1,44 @@
+"""Configuration of one `harvest serve` worker: parsed once at the CLI edge, read-only afterwards."""
+
+import ipaddress
+from dataclasses import dataclass
+
+from harvest.errors import HarvestError
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    host: str = "127.0.0.1"
+    """Address the admin HTTP server binds; a non-loopback address requires `token`."""
+    port: int = 30100
+    """Port of the admin HTTP server (separate from SGLang's own port)."""
+    token: str | None = None
+    """Bearer token required by mutating admin endpoints; None leaves them open (loopback only)."""
+
+    def __post_init__(self):
+        if not 0 < self.port < 65536:
+            raise HarvestError(f"--admin-port {self.port} is not a TCP port (1-65535)")
+        if self.token is None and not is_loopback(self.host):
+            raise HarvestError(
+                f"--admin-host {self.host} is reachable from other machines: set --admin-token too"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    admin: AdminConfig
+    stats_window_steps: int = 1000
+    """Decode steps in the sliding window behind latency percentiles and SLO attainment."""
+
+    def __post_init__(self):
+        if self.stats_window_steps < 1:
+            raise HarvestError(f"stats window must hold at least one step, got {self.stats_window_steps}")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

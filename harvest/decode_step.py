@@ -1,0 +1,18 @@
+"""What harvest knows about one decode step: set before the step runs, completed after it."""
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class DecodeStep:
+    forward_iter: int
+    """SGLang's forward counter for the batch; matches the launch with its result processing."""
+    batch_size: int
+    kv_tokens: int
+    """Sum of the requests' KV lengths: what the step's attention reads."""
+    start_s: float
+    latency_ms: float | None = None
+
+    @property
+    def mean_seq_len(self) -> float:
+        return self.kv_tokens / self.batch_size

@@ -1,0 +1,46 @@
+"""Decode-step accounting: counters since start and a sliding window for percentiles.
+
+Written by the scheduler thread once per step, read by the admin thread on request.
+"""
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from harvest.decode_step import DecodeStep
+
+
+class StepStats:
+    def __init__(self, window_steps: int):
+        self._lock = threading.Lock()
+        self._latencies_ms: deque[float] = deque(maxlen=window_steps)
+        self.started_s = time.time()
+        self.num_decode_steps = 0
+        self.num_decode_tokens = 0
+        self.last_step: DecodeStep | None = None
+
+    def record(self, step: DecodeStep) -> None:
+        with self._lock:
+            self.num_decode_steps += 1
+            self.num_decode_tokens += step.batch_size
+            self.last_step = step
+            self._latencies_ms.append(step.latency_ms)
+
+    def snapshot(self, window_steps: int | None = None) -> dict:
+        """Counters plus latency percentiles over the last `window_steps` steps (default: whole window)."""
+        with self._lock:
+            window = np.array(self._latencies_ms, dtype=np.float64)[-(window_steps or len(self._latencies_ms)):]
+            last = self.last_step
+            out = {
+                "uptime_s": round(time.time() - self.started_s, 3),
+                "decode_steps": self.num_decode_steps,
+                "decode_tokens": self.num_decode_tokens,
+                "last_batch_size": last.batch_size if last else 0,
+                "last_mean_seq_len": round(last.mean_seq_len, 1) if last else 0.0,
+                "window_steps": len(window),
+            }
+        for name, q in (("p50", 50), ("p99", 99)):
+            out[f"step_latency_ms_{name}"] = round(float(np.percentile(window, q)), 3) if len(window) else None
+        return out

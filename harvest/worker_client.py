@@ -1,0 +1,29 @@
+"""HTTP calls to a running harvest worker: pre-filled decode requests and admin reads."""
+
+import httpx
+
+# With the `fake` transfer backend a decode worker treats a request from this bootstrap host as already
+# prefilled and runs the real decode loop on it (shared/STACK.md).
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+
+
+def prefilled_request(input_ids: list[int], max_new_tokens: int, room: int) -> dict:
+    return {
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0},
+        "bootstrap_host": FAKE_BOOTSTRAP_HOST,
+        "bootstrap_room": room,
+    }
+
+
+async def generate_prefilled(client: httpx.AsyncClient, url: str, input_ids: list[int], max_new_tokens: int,
+                             room: int) -> dict:
+    response = await client.post(f"{url}/generate", json=prefilled_request(input_ids, max_new_tokens, room))
+    response.raise_for_status()
+    return response.json()
+
+
+def read_stats(admin_url: str, timeout_s: float = 10.0) -> dict:
+    response = httpx.get(f"{admin_url}/harvest/stats", timeout=timeout_s)
+    response.raise_for_status()
+    return response.json()

@@ -1,0 +1,107 @@
+"""Turns `harvest serve` flags into a running SGLang decode worker with harvest inside it.
+
+harvest's own flags are parsed by the CLI; everything else is SGLang's and goes through SGLang's parser
+unchanged, after harvest fills in what a decode worker on this host needs and the user left out.
+"""
+
+import argparse
+import contextlib
+import io
+import logging
+import os
+import socket
+import warnings
+
+from harvest.config import ServeConfig
+from harvest.errors import HarvestError
+
+logger = logging.getLogger(__name__)
+
+# SGLang's CPU path: without the CPU engine flag rotary embedding reaches for vllm (shared/STACK.md).
+CPU_ENGINE_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+CPU_DEFAULT_FLAGS = {
+    "--device": ["cpu"],
+    "--attention-backend": ["torch_native"],
+    "--disable-cuda-graph": [],
+    # No KV transfer engine runs without GPUs; `fake` treats every request as already prefilled.
+    "--disaggregation-transfer-backend": ["fake"],
+}
+
+
+def has_flag(argv: list[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def build_sglang_argv(model_path: str, passthrough: list[str], is_cpu_host: bool) -> list[str]:
+    mode = flag_value(passthrough, "--disaggregation-mode")
+    if mode not in (None, "decode"):
+        raise HarvestError(f"--disaggregation-mode {mode}: harvest runs only as a decode worker")
+    argv = ["--model-path", model_path, "--disaggregation-mode", "decode", *passthrough]
+    if is_cpu_host:
+        for flag, values in CPU_DEFAULT_FLAGS.items():
+            if not has_flag(passthrough, flag):
+                argv += [flag, *values]
+    return argv
+
+
+def port_flag(argv: list[str], flag: str, default: int) -> int:
+    value = flag_value(argv, flag)
+    if value is None:
+        return default
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise HarvestError(f"{flag} {value!r} is not a TCP port (1-65535)")
+    return int(value)
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise HarvestError(f"SGLang flags: {message}")
+
+
+def parse_sglang_args(argv: list[str]):
+    # Importing SGLang and validating its args prints a dozen warnings about this host; the worker's log
+    # repeats what matters, and a bad flag must read as one line.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sglang.srt.server_args import ServerArgs
+
+        parser = _RaisingParser(prog="harvest serve", add_help=False, allow_abbrev=False)
+        ServerArgs.add_cli_args(parser)
+        namespace = parser.parse_args(argv)
+        try:
+            server_args = ServerArgs.from_cli_args(namespace)
+        except (ValueError, AssertionError) as e:  # SGLang validates its flags with both
+            raise HarvestError(f"SGLang flags: {e}") from None
+    if server_args.tp_size != 1 or server_args.dp_size != 1 or server_args.pp_size != 1:
+        raise HarvestError("harvest co-locates on one decode GPU per worker: use --tp 1 --dp 1 --pp 1")
+    return server_args
+
+
+def check_port_free(host: str, port: int, flag: str) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise HarvestError(f"{flag} {port} on {host} is not available: {e.strerror}") from None
+
+
+def launch(server_args, config: ServeConfig, is_cpu_host: bool) -> None:
+    """Run the SGLang decode worker with harvest in its scheduler process; returns when it shuts down."""
+    if is_cpu_host:
+        os.environ.update(CPU_ENGINE_ENV)
+    from sglang.srt.entrypoints.http_server import launch_server
+
+    from harvest.sglang_plugin import scheduler_process_target
+
+    launch_server(server_args, run_scheduler_process_func=scheduler_process_target(config))

@@ -1,0 +1,89 @@
+"""Start `harvest serve` as a child process, wait until it serves, stop it cleanly.
+
+Used by `harvest demo`, the benchmarks and the end-to-end tests: the same process a user runs.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from harvest.errors import HarvestError
+
+
+class WorkerProcess:
+    def __init__(self, args: list[str], port: int, admin_port: int, log_path: Path,
+                 command: list[str] | None = None, env: dict | None = None):
+        """`command` defaults to `harvest serve`; `args` follow it (the port flags are added here)."""
+        self.port = port
+        self.admin_port = admin_port
+        self.log_path = Path(log_path)
+        self._argv = [*(command or [sys.executable, "-m", "harvest.cli.main", "serve"]), *args,
+                      "--port", str(port)]
+        if command is None:
+            self._argv += ["--admin-port", str(admin_port)]
+        self._env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self, timeout_s: float = 300.0) -> "WorkerProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "w")
+        # Own process group: a signal meant for the worker never reaches whoever started it.
+        self.proc = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT, env=self._env,
+                                     start_new_session=True)
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise HarvestError(f"worker exited with {self.proc.returncode} while starting; log: {self.log_path}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise HarvestError(f"worker not ready after {timeout_s:.0f} s; log: {self.log_path}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+        """Signal the worker, wait for it and its children; kill what is left. Returns the exit code."""
+        if self.proc is None:
+            return 0
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            children = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        _, alive = psutil.wait_procs(children, timeout=10)
+        for child in alive:
+            child.kill()
+        self.orphans = alive
+        return code
+
+    def __enter__(self) -> "WorkerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,67 @@
+"""The admin API and the step accounting behind it, without a worker."""
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from harvest.admin.admin_app import create_admin_app
+from harvest.config import AdminConfig, ServeConfig
+from harvest.decode_step import DecodeStep
+from harvest.errors import HarvestError
+from harvest.runtime import HarvestRuntime
+
+
+def make_runtime(window_steps=4) -> HarvestRuntime:
+    return HarvestRuntime(ServeConfig(admin=AdminConfig(), stats_window_steps=window_steps))
+
+
+def run_steps(runtime, latencies_ms, batch_size=3):
+    for i, latency_ms in enumerate(latencies_ms):
+        # A step launched latency_ms ago finishes now.
+        start_s = time.perf_counter() - latency_ms / 1e3
+        runtime.step_launched(DecodeStep(i, batch_size, kv_tokens=batch_size * 10, start_s=start_s))
+        assert runtime.step_finished(i).latency_ms == pytest.approx(latency_ms, abs=0.5)
+
+
+def test_window_percentiles_and_counters():
+    runtime = make_runtime(window_steps=4)
+    run_steps(runtime, [100.0, 1.0, 2.0, 3.0, 4.0])
+    snapshot = runtime.stats_snapshot()["decode"]
+    assert snapshot["decode_steps"] == 5
+    assert snapshot["decode_tokens"] == 15
+    assert snapshot["window_steps"] == 4  # the 100 ms step slid out
+    assert snapshot["step_latency_ms_p50"] == pytest.approx(2.5, abs=0.5)
+    assert snapshot["step_latency_ms_p99"] < 5
+    assert runtime.stats_snapshot(window_steps=2)["decode"]["step_latency_ms_p50"] == pytest.approx(3.5, abs=0.5)
+
+
+def test_unmatched_result_is_ignored():
+    runtime = make_runtime()
+    assert runtime.step_finished(forward_iter=42) is None
+    assert runtime.stats_snapshot()["decode"]["decode_steps"] == 0
+
+
+def test_admin_endpoints():
+    runtime = make_runtime()
+    run_steps(runtime, [5.0, 6.0])
+    client = TestClient(create_admin_app(runtime))
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/harvest/stats").json()["decode"]["decode_steps"] == 2
+    assert "harvest_decode_steps_total 2.0" in client.get("/metrics").text
+    assert client.get("/harvest/stats", params={"window_steps": 0}).status_code == 422
+    assert client.get("/harvest/stats", params={"window_steps": 10**6}).status_code == 422
+    missing = client.get("/admin")
+    assert missing.status_code == 404 and "/healthz" in missing.json()["detail"]
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "example.com"])
+def test_off_loopback_admin_needs_token(host):
+    with pytest.raises(HarvestError, match="--admin-token"):
+        AdminConfig(host=host)
+    assert AdminConfig(host=host, token="s3cret").host == host
+
+
+def test_loopback_admin_needs_no_token():
+    for host in ["127.0.0.1", "localhost", "::1"]:
+        assert AdminConfig(host=host).token is None

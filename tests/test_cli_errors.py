@@ -1,0 +1,59 @@
+"""Bad CLI input gets one clear error line and a non-zero exit, never a traceback."""
+
+import socket
+import subprocess
+
+import pytest
+
+from conftest import free_port
+
+
+def run_cli(harvest_cli, *args, timeout=120):
+    return subprocess.run([*harvest_cli, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("harvest"), last
+    for fragment in fragments:
+        assert fragment in last, last
+
+
+def test_missing_model_path(harvest_cli, tmp_path):
+    result = run_cli(harvest_cli, "serve", "--model-path", str(tmp_path / "no-such-model"))
+    assert_one_line_error(result, "no-such-model", "config.json")
+
+
+def test_port_in_use(harvest_cli, tiny_model_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli(harvest_cli, "serve", "--model-path", str(tiny_model_dir), "--port", str(port),
+                         "--admin-port", str(free_port()))
+        assert_one_line_error(result, "--port", str(port), "in use")
+        result = run_cli(harvest_cli, "serve", "--model-path", str(tiny_model_dir), "--port", str(free_port()),
+                         "--admin-port", str(port))
+        assert_one_line_error(result, "--admin-port", str(port))
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--no-such-flag", "1"], ["unrecognized arguments", "--no-such-flag"]),
+        (["--port", "http"], ["--port", "http"]),
+        (["--disaggregation-mode", "prefill"], ["decode worker"]),
+        (["--admin-host", "0.0.0.0"], ["--admin-token"]),
+    ],
+)
+def test_bad_serve_flags(harvest_cli, tiny_model_dir, args, fragments):
+    result = run_cli(harvest_cli, "serve", "--model-path", str(tiny_model_dir), "--admin-port", str(free_port()),
+                     *args)
+    assert_one_line_error(result, *fragments)
+
+
+def test_unknown_subcommand(harvest_cli):
+    result = run_cli(harvest_cli, "frobnicate")
+    assert_one_line_error(result, "frobnicate")

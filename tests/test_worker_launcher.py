@@ -1,0 +1,33 @@
+"""How `harvest serve` flags become SGLang flags."""
+
+import pytest
+
+from harvest.errors import HarvestError
+from harvest.worker_launcher import build_sglang_argv, port_flag
+
+
+def test_cpu_host_gets_cpu_defaults_unless_given():
+    argv = build_sglang_argv("/m", ["--attention-backend", "triton"], is_cpu_host=True)
+    assert argv[:4] == ["--model-path", "/m", "--disaggregation-mode", "decode"]
+    assert argv.count("--attention-backend") == 1 and "triton" in argv
+    assert "--disable-cuda-graph" in argv and argv[argv.index("--device") + 1] == "cpu"
+    assert argv[argv.index("--disaggregation-transfer-backend") + 1] == "fake"
+
+
+def test_gpu_host_passes_flags_through_untouched():
+    argv = build_sglang_argv("/m", ["--mem-fraction-static", "0.8"], is_cpu_host=False)
+    assert argv == ["--model-path", "/m", "--disaggregation-mode", "decode", "--mem-fraction-static", "0.8"]
+
+
+def test_only_decode_mode():
+    assert "decode" in build_sglang_argv("/m", ["--disaggregation-mode=decode"], is_cpu_host=False)
+    with pytest.raises(HarvestError, match="decode worker"):
+        build_sglang_argv("/m", ["--disaggregation-mode=prefill"], is_cpu_host=False)
+
+
+def test_port_flag():
+    assert port_flag([], "--port", 30000) == 30000
+    assert port_flag(["--port=31000"], "--port", 30000) == 31000
+    for bad in ["0", "65536", "-1", "x"]:
+        with pytest.raises(HarvestError, match="--port"):
+            port_flag(["--port", bad], "--port", 30000)
