@@ -51,6 +51,9 @@ class HarvestRuntime:
     def stats_snapshot(self, window_steps: int | None = None) -> dict:
         return {"decode": self.stats.snapshot(window_steps)}
 
+    def steps_since(self, seq: int, limit: int) -> list[dict]:
+        return self.stats.steps_since(seq, limit)
+
     def render_metrics(self) -> bytes:
         self.metrics.uptime.set(time.time() - self.stats.started_s)
         return self.metrics.render()

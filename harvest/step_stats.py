@@ -12,10 +12,14 @@ import numpy as np
 from harvest.decode_step import DecodeStep
 
 
+HISTORY_STEPS = 20_000  # per-step records kept for /harvest/steps (a few MB; minutes of steps on a GPU)
+
+
 class StepStats:
     def __init__(self, window_steps: int):
         self._lock = threading.Lock()
         self._latencies_ms: deque[float] = deque(maxlen=window_steps)
+        self._history: deque[dict] = deque(maxlen=HISTORY_STEPS)
         self.started_s = time.time()
         self.num_decode_steps = 0
         self.num_decode_tokens = 0
@@ -27,6 +31,17 @@ class StepStats:
             self.num_decode_tokens += step.batch_size
             self.last_step = step
             self._latencies_ms.append(step.latency_ms)
+            self._history.append({
+                "seq": self.num_decode_steps, "end_s": round(time.time(), 6), "batch_size": step.batch_size,
+                "kv_tokens": step.kv_tokens, "latency_ms": round(step.latency_ms, 4),
+            })
+
+    def steps_since(self, seq: int, limit: int) -> list[dict]:
+        """Per-step records with sequence number > seq (oldest first), at most `limit`."""
+        with self._lock:
+            first_kept = self.num_decode_steps - len(self._history) + 1
+            start = max(seq + 1 - first_kept, 0)
+            return [self._history[i] for i in range(start, min(start + limit, len(self._history)))]
 
     def snapshot(self, window_steps: int | None = None) -> dict:
         """Counters plus latency percentiles over the last `window_steps` steps (default: whole window)."""

@@ -51,6 +51,11 @@ def test_admin_endpoints():
     assert "harvest_decode_steps_total 2.0" in client.get("/metrics").text
     assert client.get("/harvest/stats", params={"window_steps": 0}).status_code == 422
     assert client.get("/harvest/stats", params={"window_steps": 10**6}).status_code == 422
+    steps = client.get("/harvest/steps", params={"since": 1}).json()
+    assert [r["seq"] for r in steps["steps"]] == [2] and steps["next"] == 2
+    assert steps["steps"][0]["latency_ms"] == pytest.approx(6.0, abs=0.5)
+    assert client.get("/harvest/steps", params={"since": 2}).json() == {"steps": [], "next": 2}
+    assert client.get("/harvest/steps", params={"since": -1}).status_code == 422
     missing = client.get("/admin")
     assert missing.status_code == 404 and "/healthz" in missing.json()["detail"]
 

@@ -4,7 +4,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-ENDPOINTS = ["/healthz", "/harvest/stats", "/metrics"]
+ENDPOINTS = ["/healthz", "/harvest/stats", "/harvest/steps", "/metrics"]
 
 
 def create_admin_app(runtime) -> FastAPI:
@@ -17,6 +17,12 @@ def create_admin_app(runtime) -> FastAPI:
     @app.get("/harvest/stats")
     def stats(window_steps: int | None = Query(None, ge=1, le=runtime.config.stats_window_steps)):
         return runtime.stats_snapshot(window_steps)
+
+    @app.get("/harvest/steps")
+    def steps(since: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)):
+        """Per-step records after sequence number `since`: what a live replay polls."""
+        records = runtime.steps_since(since, limit)
+        return {"steps": records, "next": records[-1]["seq"] if records else since}
 
     @app.get("/metrics")
     def metrics():
