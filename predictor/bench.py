@@ -1,0 +1,101 @@
+"""`harvest bench predictor`: time SplitPlanner.plan, the per-decode-step decision (HARLI: 5 us).
+
+Without --profile, the profile is fitted here from a synthetic H100 (132 SMs in groups of 8: 16
+inference partitions, 120 co-run candidates) measured on the SamplingPlan, so the timing covers the
+largest candidate set harvest plans over. decision_us_mean divides a loop's time by its decisions, in
+the least disturbed of NUM_REPEATS loops (the timeit convention: slower repeats measure other processes
+on shared cores, not the planner); the plain mean over all repeats and the host's load sit beside it.
+The percentiles time each call alone, so they include one perf_counter_ns pair (~0.1 us).
+"""
+
+import argparse
+import os
+import random
+import statistics
+import time
+
+from predictor.partition_grid import PartitionGrid
+from predictor.profile import Profile
+from predictor.sampling_plan import SamplingPlan
+from predictor.split_planner import SplitPlanner
+from predictor.synthetic_device import SyntheticDevice
+
+HARLI_DECISION_US = 5.0
+NUM_REPEATS = 10
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", help="profile JSON to plan with (default: a synthetic H100 profile)")
+    parser.add_argument("--tpot-ms", type=float, default=30.0, help="TPOT SLO the planner targets")
+    parser.add_argument("--num-decisions", type=int, default=200_000)
+    parser.add_argument("--max-batch-size", type=int, default=256)
+    parser.add_argument("--max-seq-len", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> dict:
+    fit_s = None
+    if args.profile:
+        profile = Profile.load(args.profile)
+    else:
+        start = time.perf_counter()
+        profile = synthetic_profile(args.max_batch_size, args.max_seq_len, args.seed)
+        fit_s = time.perf_counter() - start
+    planner = SplitPlanner(profile, args.tpot_ms)
+    rng = random.Random(args.seed)
+    shapes = [
+        (rng.randint(1, args.max_batch_size), rng.randint(1, args.max_seq_len), rng.random() < 0.9) for _ in range(4096)
+    ]
+    n = max(args.num_decisions, len(shapes))
+    plan = planner.plan
+    for b, s, r in shapes:
+        plan(b, s, r)
+    repeat_means_us = []
+    for _ in range(NUM_REPEATS):
+        start = time.perf_counter()
+        for k in range(n // NUM_REPEATS):
+            b, s, r = shapes[k & 4095]
+            plan(b, s, r)
+        repeat_means_us.append((time.perf_counter() - start) / (n // NUM_REPEATS) * 1e6)
+    per_call_ns = []
+    clock = time.perf_counter_ns
+    for k in range(n):
+        b, s, r = shapes[k & 4095]
+        t0 = clock()
+        plan(b, s, r)
+        per_call_ns.append(clock() - t0)
+    per_call_ns.sort()
+    decisions = [plan(b, s, r) for b, s, r in shapes]
+    start = time.perf_counter()
+    for d in decisions[:1000]:
+        planner.observe(d, d.model_ms * 1.1)
+    observe_us = (time.perf_counter() - start) / 1000 * 1e6
+    return {
+        "decision_us_mean": min(repeat_means_us),
+        "decision_us_mean_all_repeats": statistics.fmean(repeat_means_us),
+        "decision_us_p50": per_call_ns[n // 2] / 1e3,
+        "decision_us_p99": per_call_ns[int(0.99 * (n - 1))] / 1e3,
+        "harli_reported_us": HARLI_DECISION_US,
+        "num_candidates": planner.num_candidates,
+        "num_decisions": n,
+        "fraction_co_run": sum(d.ft_sms > 0 for d in decisions) / len(decisions),
+        "observe_us_mean": observe_us,
+        "fit_s": fit_s,
+        "host_num_cpus": os.cpu_count(),
+        "host_load_avg_1m": os.getloadavg()[0],
+    }
+
+
+def synthetic_profile(max_batch_size: int, max_seq_len: int, seed: int) -> Profile:
+    grid = PartitionGrid.from_name("h100")
+    plan = SamplingPlan(grid, max_batch_size, max_seq_len, seed=seed)
+    device = SyntheticDevice(grid)
+    return Profile.build(
+        device.measure(plan.fit_points, seed),
+        grid,
+        device_name="synthetic-h100",
+        model="synthetic",
+        finetune_config_id="synthetic",
+        samples_path="synthetic",
+        held_out=device.measure(plan.held_out_points, seed + 1),
+    )

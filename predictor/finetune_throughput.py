@@ -1,0 +1,55 @@
+"""Finetune speed the profiler measured per finetune SM share; the trace simulator replays it."""
+
+import math
+from dataclasses import dataclass
+
+from harvest.errors import HarvestError
+from predictor.json_reader import JsonReader
+
+
+@dataclass(frozen=True, slots=True)
+class FinetuneThroughput:
+    ft_sms: int
+    """SMs the finetune job ran on (on a CPU, 1: the whole device, between decode steps)."""
+
+    tokens_per_s_solo: float
+    """Finetune tokens per second with no decode running."""
+
+    tokens_per_s_colo: float | None
+    """Finetune tokens per second beside decode; None where there is no co-run (CPU: temporal sharing)."""
+
+    unit_ms: float
+    """Mean time of one finetune scheduling unit (one layer's forward or backward of a micro-batch)."""
+
+    def __post_init__(self) -> None:
+        if self.ft_sms < 1:
+            raise HarvestError(f"finetune throughput ft_sms must be >= 1, got {self.ft_sms}")
+        for name in ("tokens_per_s_solo", "unit_ms"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise HarvestError(f"finetune throughput {name} must be > 0, got {value}")
+        if self.tokens_per_s_colo is not None and not (
+            math.isfinite(self.tokens_per_s_colo) and self.tokens_per_s_colo >= 0
+        ):
+            raise HarvestError(f"finetune throughput tokens_per_s_colo must be >= 0, got {self.tokens_per_s_colo}")
+
+    def to_dict(self) -> dict:
+        return {
+            "ft_sms": self.ft_sms,
+            "tokens_per_s_solo": self.tokens_per_s_solo,
+            "tokens_per_s_colo": self.tokens_per_s_colo,
+            "unit_ms": self.unit_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, r: JsonReader) -> "FinetuneThroughput":
+        values = (
+            r.integer("ft_sms", 1),
+            r.number("tokens_per_s_solo", 0.0, strict=True),
+            r.optional_number("tokens_per_s_colo", 0.0),
+            r.number("unit_ms", 0.0, strict=True),
+        )
+        try:
+            return cls(*values)
+        except HarvestError as e:
+            raise HarvestError(f"{r.source}: {r.where}: {e}") from None

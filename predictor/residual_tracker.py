@@ -1,0 +1,114 @@
+"""Online correction (beyond HARLI): measured/predicted ratios pull a biased or stale profile back.
+
+Residuals are kept in log space, log(measured / model), as a device-wide level plus a per-partition
+offset: a profile taken on a cooler GPU is slow everywhere (the level, which every partition shares at
+once), while a stale co-run model is off per partition (the offsets, zero until a partition is measured).
+Both are EWMAs; while fewer than 1/alpha observations exist the step is 1/n, a running mean, so the
+first measurements are not under-weighted (an offset's zero prior counts as one observation). The level
+being shared lets the planner scale every prediction by it at once and rebuild only the measured row.
+"""
+
+import math
+from dataclasses import dataclass
+
+Partition = tuple[int, int]
+
+
+@dataclass(slots=True)
+class PartitionResidual:
+    offset: float = 0.0
+    """log(measured / model) of this partition minus the device-wide level."""
+    num_observed: int = 0
+    sum_predicted_ms: float = 0.0
+    sum_measured_ms: float = 0.0
+    sum_ape: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionStats:
+    """Predicted (with the correction in force at the time) vs measured decode latency."""
+
+    num_observed: int
+    mape: float | None
+    bias_pct: float | None
+    """Mean of (measured - predicted) / predicted in percent: > 0 means the predictor runs optimistic."""
+    last_predicted_ms: float | None
+    last_measured_ms: float | None
+    global_correction: float
+    partitions: dict[Partition, dict]
+
+    def to_dict(self) -> dict:
+        return {
+            "num_observed": self.num_observed,
+            "mape": self.mape,
+            "bias_pct": self.bias_pct,
+            "last_predicted_ms": self.last_predicted_ms,
+            "last_measured_ms": self.last_measured_ms,
+            "global_correction": self.global_correction,
+            "partitions": [{"infer_sms": i, "ft_sms": f, **v} for (i, f), v in sorted(self.partitions.items())],
+        }
+
+
+class ResidualTracker:
+    __slots__ = ("alpha", "level", "num_observed", "_partitions", "_sum_ape", "_sum_bias", "_last")
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self.level = 0.0
+        self.num_observed = 0
+        self._partitions: dict[Partition, PartitionResidual] = {}
+        self._sum_ape = 0.0
+        self._sum_bias = 0.0
+        self._last: tuple[float, float] | None = None
+
+    @property
+    def global_correction(self) -> float:
+        return math.exp(self.level)
+
+    def relative_correction(self, partition: Partition) -> float:
+        """This partition's correction divided by the device-wide one (1 until it is measured)."""
+        residual = self._partitions.get(partition)
+        return 1.0 if residual is None else math.exp(residual.offset)
+
+    def correction(self, partition: Partition) -> float:
+        residual = self._partitions.get(partition)
+        return math.exp(self.level + (0.0 if residual is None else residual.offset))
+
+    def update(self, partition: Partition, model_ms: float, predicted_ms: float, measured_ms: float) -> None:
+        log_ratio = math.log(measured_ms / model_ms)
+        residual = self._partitions.get(partition)
+        if residual is None:
+            residual = self._partitions[partition] = PartitionResidual()
+        self.num_observed += 1
+        self.level += max(self.alpha, 1.0 / self.num_observed) * (log_ratio - self.level)
+        residual.num_observed += 1
+        step = max(self.alpha, 1.0 / (residual.num_observed + 1))
+        residual.offset += step * (log_ratio - self.level - residual.offset)
+        ape = abs(predicted_ms - measured_ms) / measured_ms * 100.0
+        residual.sum_predicted_ms += predicted_ms
+        residual.sum_measured_ms += measured_ms
+        residual.sum_ape += ape
+        self._sum_ape += ape
+        self._sum_bias += (measured_ms - predicted_ms) / predicted_ms * 100.0
+        self._last = (predicted_ms, measured_ms)
+
+    def stats(self) -> PredictionStats:
+        n = self.num_observed
+        return PredictionStats(
+            n,
+            self._sum_ape / n if n else None,
+            self._sum_bias / n if n else None,
+            self._last[0] if self._last else None,
+            self._last[1] if self._last else None,
+            self.global_correction,
+            {
+                p: {
+                    "num_observed": r.num_observed,
+                    "mean_predicted_ms": r.sum_predicted_ms / r.num_observed,
+                    "mean_measured_ms": r.sum_measured_ms / r.num_observed,
+                    "mape": r.sum_ape / r.num_observed,
+                    "correction": self.correction(p),
+                }
+                for p, r in self._partitions.items()
+            },
+        )

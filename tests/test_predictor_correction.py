@@ -1,0 +1,92 @@
+"""Online correction: a biased or stale profile converges to the measured latency, and the SLO holds."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_predictor_planner import fixed_model, make_profile
+
+from predictor.partition_grid import PartitionGrid
+from predictor.split_planner import SplitPlanner
+from predictor.synthetic_device import SyntheticDevice
+
+
+def run_steps(planner: SplitPlanner, truth, num_steps: int, seed: int = 0, noise: float = 0.01):
+    rng = random.Random(seed)
+    log = []
+    for step in range(num_steps):
+        batch_size, seq_len = 16 + step % 8, 500.0 + step
+        d = planner.plan(batch_size, seq_len, has_ready_work=True)
+        measured = truth(d.infer_sms, d.ft_sms, batch_size, seq_len) * rng.lognormvariate(0.0, noise)
+        planner.observe(d, measured)
+        log.append((d, measured))
+    return log
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.floats(0.6, 1.8), st.integers(0, 1000))
+def test_uniformly_biased_profile_converges(bias, seed):
+    model = fixed_model()
+    planner = SplitPlanner(make_profile(model), 30.0)
+    log = run_steps(planner, lambda i, f, b, s: bias * model.predict_colo_ms(i, f, b, s), 80, seed)
+    errors = [abs(d.predicted_ms - m) / m for d, m in log[-20:]]
+    assert sum(errors) / len(errors) < 0.03
+    assert planner.stats().global_correction == pytest.approx(bias, rel=0.03)
+    violations = [m > 30.0 * 1.05 for _, m in log[-20:]]
+    assert sum(violations) <= 2
+
+
+def test_stale_colo_model_converges_per_partition_and_stats_show_it():
+    """A profile whose co-run slowdown is half the truth (k1 0.5 vs 1.0): the partitions used converge."""
+    model = fixed_model()
+    device = SyntheticDevice(PartitionGrid(132, 8), k1=1.0)
+    truth = lambda i, f, b, s: (1.0 + 1.0 * f / 132) * model.predict_solo_ms(i, b, s)  # noqa: E731
+    planner = SplitPlanner(make_profile(model), 30.0)
+    log = run_steps(planner, truth, 150, noise=0.0)
+    first = sum(abs(d.predicted_ms - m) / m for d, m in log[:10]) / 10
+    last = sum(abs(d.predicted_ms - m) / m for d, m in log[-20:]) / 20
+    assert last < 0.01 < first
+    stats = planner.stats()
+    assert stats.num_observed == 150
+    used = {(d.infer_sms, d.ft_sms) for d, _ in log[-20:]}
+    for partition in used:
+        truth_ratio = device.slowdown(*partition) / model.slowdown(*partition)
+        assert stats.partitions[partition]["correction"] == pytest.approx(truth_ratio, rel=0.02)
+    d = stats.to_dict()
+    assert d["num_observed"] == 150 and d["last_measured_ms"] == pytest.approx(log[-1][1])
+    assert {"infer_sms", "ft_sms", "mean_predicted_ms", "mean_measured_ms", "mape", "correction"} <= set(
+        d["partitions"][0]
+    )
+
+
+observations = st.lists(st.tuples(st.integers(1, 256), st.floats(1, 4096), st.floats(0.5, 2.0)), max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(observations, st.integers(1, 256), st.floats(0, 4096), st.floats(5.0, 200.0))
+def test_decision_is_brute_force_best_of_corrected_predictions(history, batch_size, seq_len, target):
+    """Pins the incremental row rebuild: after any observations, plan() equals enumeration of corrected
+    predictions (correction(partition) * model prediction) over every partition."""
+    model = fixed_model()
+    planner = SplitPlanner(make_profile(model), target)
+    for b, s, bias in history:
+        d = planner.plan(b, s, has_ready_work=True)
+        planner.observe(d, d.model_ms * bias)
+    decision = planner.plan(batch_size, seq_len, has_ready_work=True)
+    corrected = {
+        (i, f): planner.correction(i, f) * model.predict_colo_ms(i, f, batch_size, seq_len)
+        for i, f in model.partitions()
+        if f
+    }
+    fitting = [v for v in corrected.values() if v <= target]
+    if fitting:
+        assert decision.predicted_ms <= target
+        assert decision.predicted_ms == pytest.approx(max(fitting), rel=1e-9)
+        assert decision.model_ms == pytest.approx(
+            model.predict_colo_ms(decision.infer_sms, decision.ft_sms, batch_size, seq_len), rel=1e-9
+        )
+    else:
+        assert decision.ft_sms == 0 and decision.is_finetune_paused
+        full = planner.correction(132, 0) * model.predict_solo_ms(132, batch_size, seq_len)
+        assert decision.predicted_ms == pytest.approx(full, rel=1e-9)
