@@ -3,6 +3,7 @@
 import ipaddress
 from dataclasses import dataclass
 
+from harvest.colocation.finetune_job import FinetuneSpec
 from harvest.errors import HarvestError
 
 
@@ -29,10 +30,22 @@ class ServeConfig:
     admin: AdminConfig
     stats_window_steps: int = 1000
     """Decode steps in the sliding window behind latency percentiles and SLO attainment."""
+    finetune: FinetuneSpec | None = None
+    """The co-located LoRA job (`--finetune CFG.yaml`); None serves only."""
+    tpot_slo_ms: float | None = None
+    """Decode latency target per step (`--tpot-slo-ms`); required with a finetune job."""
+    profile_path: str | None = None
+    """Latency profile (`--profile`) for the split planner; None: conservative start, online correction."""
 
     def __post_init__(self):
         if self.stats_window_steps < 1:
             raise HarvestError(f"stats window must hold at least one step, got {self.stats_window_steps}")
+        if self.finetune is not None and self.tpot_slo_ms is None:
+            raise HarvestError("--finetune needs --tpot-slo-ms: the decode latency target finetuning must respect")
+        if self.tpot_slo_ms is not None and not self.tpot_slo_ms > 0:
+            raise HarvestError(f"--tpot-slo-ms must be > 0, got {self.tpot_slo_ms}")
+        if self.profile_path is not None and self.tpot_slo_ms is None:
+            raise HarvestError("--profile needs --tpot-slo-ms")
 
 
 def is_loopback(host: str) -> bool:

@@ -12,6 +12,10 @@ class DecodeStep:
     """Sum of the requests' KV lengths: what the step's attention reads."""
     start_s: float
     latency_ms: float | None = None
+    predicted_ms: float | None = None
+    """What the planner predicted for the step (None without a planner)."""
+    finetune_ms: float = 0.0
+    """Finetune units run after the step, before the next one: charged to this step's TPOT."""
 
     @property
     def mean_seq_len(self) -> float:

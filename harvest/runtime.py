@@ -1,4 +1,5 @@
-"""The harvest side of a decode worker: sees every decode step, keeps stats, serves the admin API.
+"""The harvest side of a decode worker: sees every decode step, runs the co-located finetune job in
+what the step leaves, keeps stats, serves the admin API.
 
 Lives in SGLang's scheduler process; `harvest.sglang_plugin` calls it, with SGLang's objects already
 reduced to a `DecodeStep`, so nothing here depends on SGLang.
@@ -10,6 +11,7 @@ import time
 from harvest.admin.metrics import HarvestMetrics
 from harvest.config import ServeConfig
 from harvest.decode_step import DecodeStep
+from harvest.errors import HarvestError
 from harvest.step_stats import StepStats
 
 logger = logging.getLogger(__name__)
@@ -20,18 +22,33 @@ class HarvestRuntime:
         self.config = config
         self.stats = StepStats(config.stats_window_steps)
         self.metrics = HarvestMetrics()
+        self.controller = _build_controller(config) if config.finetune is not None else None
         self._running: dict[int, DecodeStep] = {}
         self._admin_server = None
 
-    def start_admin(self) -> None:
-        from harvest.admin.admin_server import AdminServer
+    @property
+    def job(self):
+        return None if self.controller is None else self.controller.job
 
-        self._admin_server = AdminServer(self, self.config.admin)
-        self._admin_server.start()
+    def start(self, serve_admin: bool) -> None:
+        """The scheduler is built: start the finetune job's construction and the admin API."""
+        if self.job is not None:
+            self.job.start()
+        if serve_admin:
+            from harvest.admin.admin_server import AdminServer
+
+            self._admin_server = AdminServer(self, self.config.admin)
+            self._admin_server.start()
 
     def stop(self) -> None:
         if self._admin_server is not None:
             self._admin_server.stop()
+
+    # ---- scheduler thread, once per decode step ----
+
+    def step_launching(self, step: DecodeStep) -> None:
+        if self.controller is not None:
+            self.controller.before_step(step)
 
     def step_launched(self, step: DecodeStep) -> None:
         self._running[step.forward_iter] = step
@@ -41,19 +58,65 @@ class HarvestRuntime:
         if step is None:
             return None
         step.latency_ms = (time.perf_counter() - step.start_s) * 1e3
+        if self.controller is not None:
+            tokens_before = self.job.stats()["tokens"]
+            self.controller.after_step(step)
+            self._count_finetune(tokens_before, step)
         self.stats.record(step)
-        self.metrics.decode_steps.inc()
-        self.metrics.decode_tokens.inc(step.batch_size)
-        self.metrics.step_latency.observe(step.latency_ms / 1e3)
-        self.metrics.batch_size.set(step.batch_size)
+        self.metrics.record_step(step)
         return step
 
+    def on_idle(self) -> None:
+        if self.controller is not None:
+            tokens_before = self.job.stats()["tokens"]
+            self.controller.on_idle()
+            self._count_finetune(tokens_before, None)
+
+    def _count_finetune(self, tokens_before: int, step: DecodeStep | None) -> None:
+        self.metrics.finetune_tokens.inc(self.job.stats()["tokens"] - tokens_before)
+        if step is not None and step.latency_ms + step.finetune_ms > self.config.tpot_slo_ms:
+            self.metrics.slo_violations.inc()
+
+    # ---- admin thread ----
+
+    def finetune_action(self, action: str, timeout_s: float = 120.0) -> dict:
+        if self.job is None:
+            raise HarvestError("this worker runs no finetune job (start it with --finetune)")
+        if action == "pause":
+            self.job.pause()
+        elif action == "resume":
+            self.job.resume()
+        elif action == "stop":
+            if not self.job.request_stop(timeout_s):
+                raise HarvestError(f"the finetune job did not checkpoint within {timeout_s:.0f} s")
+        return self.job.stats()
+
     def stats_snapshot(self, window_steps: int | None = None) -> dict:
-        return {"decode": self.stats.snapshot(window_steps)}
+        snapshot = {"decode": self.stats.snapshot(window_steps)}
+        if self.controller is not None:
+            snapshot["finetune"] = self.job.stats()
+            snapshot["colocation"] = self.controller.stats()
+        return snapshot
 
     def steps_since(self, seq: int, limit: int) -> list[dict]:
         return self.stats.steps_since(seq, limit)
 
     def render_metrics(self) -> bytes:
         self.metrics.uptime.set(time.time() - self.stats.started_s)
+        if self.controller is not None:
+            self.metrics.record_finetune(self.job.stats(), self.controller.stats())
         return self.metrics.render()
+
+
+def _build_controller(config: ServeConfig):
+    from harvest.colocation import FinetuneJob, StepController
+    from harvest.colocation.slo_tracker import SloTracker
+
+    planner, source = None, "none: each step's finetune budget is the target minus its measured time"
+    if config.profile_path is not None:
+        from predictor import Profile, SplitPlanner
+
+        planner = SplitPlanner(Profile.load(config.profile_path), config.tpot_slo_ms)
+        source = f"profile {config.profile_path}, online correction on"
+    slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
+    return StepController(FinetuneJob(config.finetune), planner, slo, source)

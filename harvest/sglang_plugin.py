@@ -5,9 +5,10 @@ context) through `launch_server(run_scheduler_process_func=...)`, and observes t
 SGLang's own plugin hook registry. No SGLang source is edited.
 
 Hooked (SGLang 0.5.12, disaggregation/decode.py event loops):
-  Scheduler.get_init_info         AFTER   scheduler built: start harvest's admin server
-  Scheduler.run_batch             AROUND  a decode step is launched: note its shape and start time
-  Scheduler.process_batch_result  AFTER   its tokens are out: the step's wall time is known
+  Scheduler.get_init_info         AFTER   scheduler built: start the finetune job and the admin server
+  Scheduler.run_batch             AROUND  a decode step: plan it, note its shape and start time
+  Scheduler.process_batch_result  AFTER   its tokens are out: time it, give finetune what it left
+  Scheduler.on_idle               AFTER   no batch to run: one finetune unit
 """
 
 import functools
@@ -49,18 +50,18 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     def after_init_info(result, scheduler, *args, **kwargs):
-        if serve_admin:
-            runtime.start_admin()
+        runtime.start(serve_admin)
         return result
 
     def around_run_batch(run_batch, scheduler, batch, *args, **kwargs):
-        start_s = time.perf_counter()
+        if not batch.forward_mode.is_decode():
+            return run_batch(scheduler, batch, *args, **kwargs)
+        # seq_lens_cpu: [batch_size] int64; run_batch numbers the batch (forward_iter) on entry.
+        step = DecodeStep(-1, batch.batch_size(), int(batch.seq_lens_cpu.sum()), time.perf_counter())
+        runtime.step_launching(step)
         result = run_batch(scheduler, batch, *args, **kwargs)
-        if batch.forward_mode.is_decode():
-            # run_batch numbered the batch (forward_iter) on entry; seq_lens_cpu: [batch_size] int64
-            runtime.step_launched(
-                DecodeStep(batch.forward_iter, batch.batch_size(), int(batch.seq_lens_cpu.sum()), start_s)
-            )
+        step.forward_iter = batch.forward_iter
+        runtime.step_launched(step)
         return result
 
     def after_process_batch_result(result, scheduler, batch, *args, **kwargs):
@@ -70,5 +71,10 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
 
     HookRegistry.register(f"{SCHEDULER}.get_init_info", after_init_info, HookType.AFTER)
     HookRegistry.register(f"{SCHEDULER}.run_batch", around_run_batch, HookType.AROUND)
+    def after_on_idle(result, scheduler, *args, **kwargs):
+        runtime.on_idle()
+        return result
+
     HookRegistry.register(f"{SCHEDULER}.process_batch_result", after_process_batch_result, HookType.AFTER)
+    HookRegistry.register(f"{SCHEDULER}.on_idle", after_on_idle, HookType.AFTER)
     HookRegistry.apply_hooks()

@@ -1,14 +1,28 @@
-"""The admin HTTP API (FastAPI): read-only endpoints now; mutating ones check the bearer token."""
+"""The admin HTTP API (FastAPI). Reads are open; mutating endpoints need the bearer token when one is set."""
 
-from fastapi import FastAPI, Query, Request
+import secrets
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-ENDPOINTS = ["/healthz", "/harvest/stats", "/harvest/steps", "/metrics"]
+from harvest.errors import HarvestError
+
+ENDPOINTS = ["/healthz", "/harvest/stats", "/harvest/steps", "/metrics",
+             "POST /harvest/finetune/pause", "POST /harvest/finetune/resume", "POST /harvest/finetune/stop"]
 
 
 def create_admin_app(runtime) -> FastAPI:
     app = FastAPI(title="harvest admin", docs_url=None, redoc_url=None, openapi_url=None)
+    token = runtime.config.admin.token
+
+    def require_token(request: Request) -> None:
+        if token is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(401, "this endpoint needs the header `Authorization: Bearer <admin token>`",
+                                headers={"WWW-Authenticate": "Bearer"})
 
     @app.get("/healthz")
     def healthz():
@@ -24,6 +38,15 @@ def create_admin_app(runtime) -> FastAPI:
         records = runtime.steps_since(since, limit)
         return {"steps": records, "next": records[-1]["seq"] if records else since}
 
+    @app.post("/harvest/finetune/{action}", dependencies=[Depends(require_token)])
+    def finetune(action: str):
+        if action not in ("pause", "resume", "stop"):
+            raise HTTPException(404, f"no finetune action {action!r}; actions: pause, resume, stop")
+        try:
+            return runtime.finetune_action(action)
+        except HarvestError as e:
+            raise HTTPException(409, str(e)) from None
+
     @app.get("/metrics")
     def metrics():
         return Response(runtime.render_metrics(), media_type=CONTENT_TYPE_LATEST)
@@ -34,7 +57,13 @@ def create_admin_app(runtime) -> FastAPI:
         if detail and detail != "Not Found":
             return JSONResponse({"detail": detail}, status_code=404)
         return JSONResponse(
-            {"detail": f"no admin endpoint {request.url.path}; endpoints: {', '.join(ENDPOINTS)}"}, status_code=404
+            {"detail": f"no admin endpoint {request.method} {request.url.path}; endpoints: {', '.join(ENDPOINTS)}"},
+            status_code=404,
         )
+
+    @app.exception_handler(405)
+    async def wrong_method(request: Request, exc):
+        return JSONResponse({"detail": f"{request.method} is not allowed on {request.url.path}; endpoints: "
+                             f"{', '.join(ENDPOINTS)}"}, status_code=405)
 
     return app

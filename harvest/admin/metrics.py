@@ -2,23 +2,52 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from harvest.decode_step import DecodeStep
+
 # Decode steps of interest sit between ~5 ms (H100, small batch) and a few hundred ms (CPU).
 STEP_LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+FINETUNE_STATES = ("starting", "running", "paused", "starved", "waiting", "stopped", "failed", "finished")
 
 
 class HarvestMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
-        self.decode_steps = Counter("harvest_decode_steps", "Decode steps observed", registry=self.registry)
-        self.decode_tokens = Counter(
-            "harvest_decode_tokens", "Tokens produced by decode steps (sum of batch sizes)", registry=self.registry
-        )
-        self.step_latency = Histogram(
-            "harvest_step_latency_seconds", "Decode step wall time, launch to result processed",
-            buckets=STEP_LATENCY_BUCKETS_S, registry=self.registry,
-        )
-        self.batch_size = Gauge("harvest_batch_size", "Batch size of the last decode step", registry=self.registry)
-        self.uptime = Gauge("harvest_uptime_seconds", "Seconds since the worker started", registry=self.registry)
+        r = self.registry
+        self.decode_steps = Counter("harvest_decode_steps", "Decode steps observed", registry=r)
+        self.decode_tokens = Counter("harvest_decode_tokens", "Tokens produced by decode steps", registry=r)
+        self.step_latency = Histogram("harvest_step_latency_seconds", "Decode step wall time, launch to result "
+                                      "processed", buckets=STEP_LATENCY_BUCKETS_S, registry=r)
+        self.batch_size = Gauge("harvest_batch_size", "Batch size of the last decode step", registry=r)
+        self.uptime = Gauge("harvest_uptime_seconds", "Seconds since the worker started", registry=r)
+        self.slo_violations = Counter("harvest_slo_violations", "Decode steps whose time plus the finetune "
+                                      "time charged to them exceeded the TPOT target", registry=r)
+        self.finetune_tokens = Counter("harvest_finetune_tokens", "Tokens processed by finetune units", registry=r)
+        self.finetune_step = Gauge("harvest_finetune_step", "Optimizer steps the finetune job completed", registry=r)
+        self.finetune_loss = Gauge("harvest_finetune_loss", "Loss of the last finetune step", registry=r)
+        self.finetune_state = Gauge("harvest_finetune_state", "1 for the finetune job's current state",
+                                    ["state"], registry=r)
+        self.finetune_window = Gauge("harvest_finetune_window_layers", "Resident frozen-weight layers", registry=r)
+        self.split_sms = Gauge("harvest_split_sms", "SMs given to each task by the last decision", ["task"],
+                               registry=r)
+
+    def record_step(self, step: DecodeStep) -> None:
+        self.decode_steps.inc()
+        self.decode_tokens.inc(step.batch_size)
+        self.step_latency.observe(step.latency_ms / 1e3)
+        self.batch_size.set(step.batch_size)
+
+    def record_finetune(self, job_stats: dict, controller_stats: dict) -> None:
+        for state in FINETUNE_STATES:
+            self.finetune_state.labels(state).set(1 if job_stats["state"] == state else 0)
+        self.finetune_step.set(job_stats.get("step") or 0)
+        if job_stats.get("loss") is not None:
+            self.finetune_loss.set(job_stats["loss"])
+        if job_stats.get("window") is not None:
+            self.finetune_window.set(job_stats["window"])
+        split = controller_stats.get("split")
+        if split is not None:
+            self.split_sms.labels("decode").set(split["infer_sms"])
+            self.split_sms.labels("finetune").set(split["ft_sms"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,6 +21,19 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--admin-port", type=int, default=30100, help="admin HTTP port (default 30100)")
     parser.add_argument("--admin-token", default=None,
                         help="bearer token for mutating admin endpoints; required off loopback")
+    colocation = parser.add_argument_group("co-located finetuning")
+    colocation.add_argument("--finetune", metavar="CFG.yaml", default=None,
+                            help="LlamaFactory training YAML (stage sft, finetuning_type lora) to run in the worker")
+    colocation.add_argument("--tpot-slo-ms", type=float, default=None,
+                            help="decode latency target per step; finetuning never takes time a step needs")
+    colocation.add_argument("--profile", default=None,
+                            help="latency profile JSON (harvest profile); without it the budget comes from measured steps")
+    colocation.add_argument("--finetune-max-unit-ms", type=float, default=None,
+                            help="split micro-batches so one unit stays under this (default: a quarter of the target)")
+    colocation.add_argument("--finetune-window-layers", type=int, default=None,
+                            help="frozen-weight layers resident at once (default: all)")
+    colocation.add_argument("--finetune-resume", action="store_true",
+                            help="continue the job from its last checkpoint in output_dir")
     parser.set_defaults(func=run, accepts_passthrough=True)
 
 
@@ -30,8 +43,17 @@ def run(args: argparse.Namespace) -> int:
     from harvest.worker_launcher import build_sglang_argv, check_port_free, flag_value, parse_sglang_args, port_flag
     from harvest.worker_supervisor import supervise
 
-    config = ServeConfig(admin=AdminConfig(host=args.admin_host, port=args.admin_port, token=args.admin_token))
     model_path = resolve_model_path(args.model_path)
+    config = ServeConfig(
+        admin=AdminConfig(host=args.admin_host, port=args.admin_port, token=args.admin_token),
+        finetune=_finetune_spec(args, model_path),
+        tpot_slo_ms=args.tpot_slo_ms,
+        profile_path=args.profile,
+    )
+    if config.profile_path is not None:
+        from predictor import Profile
+
+        Profile.load(config.profile_path)  # a bad profile fails here, not in the worker
     # Ports first: the cheapest check, before SGLang is imported (SGLang's defaults: 127.0.0.1:30000).
     check_port_free(flag_value(args.passthrough, "--host") or "127.0.0.1",
                     port_flag(args.passthrough, "--port", 30000), "--port")
@@ -39,3 +61,23 @@ def run(args: argparse.Namespace) -> int:
     is_cpu_host = ensure_driver_or_stub()
     server_args = parse_sglang_args(build_sglang_argv(str(model_path), args.passthrough, is_cpu_host))
     return supervise(server_args, config, is_cpu_host)
+
+
+def _finetune_spec(args: argparse.Namespace, model_path):
+    """Validate the finetune YAML up front (LlamaFactory's own parser; no model or data loaded)."""
+    if args.finetune is None:
+        return None
+    from harvest.colocation.finetune_job import FinetuneSpec
+    from harvest.finetune.llamafactory_job import LlamaFactoryJob
+    from harvest.native.cuda_driver import has_real_driver
+
+    if args.tpot_slo_ms is None:
+        return FinetuneSpec(args.finetune)  # ServeConfig names the missing --tpot-slo-ms
+    LlamaFactoryJob.from_yaml(args.finetune)
+    return FinetuneSpec(
+        yaml_path=args.finetune,
+        device="cuda" if has_real_driver() else "cpu",
+        max_unit_ms=args.finetune_max_unit_ms or args.tpot_slo_ms / 4,
+        num_window_layers=args.finetune_window_layers,
+        resume=args.finetune_resume,
+    )

@@ -1,0 +1,213 @@
+"""The finetune job as the decode worker sees it: a state machine around the engine that never lets a
+finetune failure reach serving.
+
+Runs in the scheduler thread (units, checkpoints); the admin thread only flips flags and reads the
+stats cached after each unit.
+"""
+
+import gc
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from enum import Enum
+
+from harvest.errors import HarvestError
+
+logger = logging.getLogger(__name__)
+
+
+class FinetuneState(str, Enum):
+    STARTING = "starting"    # engine being built (model, dataset) in a background thread
+    RUNNING = "running"      # units run whenever the controller finds room
+    PAUSED = "paused"        # paused by the operator (admin API)
+    STARVED = "starved"      # ready to run, but no step has left room for a unit lately
+    WAITING = "waiting"      # the next unit's layer is still being fetched (weight swap)
+    STOPPED = "stopped"      # checkpointed and stopped for shutdown
+    FAILED = "failed"        # raised: memory and SMs released, serving goes on
+    FINISHED = "finished"    # reached max_steps; adapter written
+
+
+ACTIVE_PHASES = (FinetuneState.RUNNING, FinetuneState.STARVED, FinetuneState.WAITING)
+ENDED_PHASES = (FinetuneState.STOPPED, FinetuneState.FAILED, FinetuneState.FINISHED)
+
+
+@dataclass(frozen=True, slots=True)
+class FinetuneSpec:
+    """What `harvest serve --finetune` asks for; built into an engine inside the scheduler process."""
+
+    yaml_path: str
+    model_path: str | None = None
+    device: str = "cpu"
+    max_unit_ms: float | None = None
+    num_window_layers: int | None = None
+    resume: bool = False
+
+
+class FinetuneJob:
+    STARVED_AFTER_S = 2.0
+
+    def __init__(self, spec: FinetuneSpec, engine_factory=None):
+        self.spec = spec
+        self._engine_factory = engine_factory or _build_engine
+        self.engine = None
+        # The phase is set by the scheduler thread only; pausing is a separate flag the admin thread sets,
+        # so neither overwrites the other (state combines them).
+        self._phase = FinetuneState.STARTING
+        self.error: str | None = None
+        self._is_paused = False
+        self._stop_requested = threading.Event()
+        self._stopped = threading.Event()
+        self._last_unit_s = time.monotonic()
+        self._num_units = 0
+        self._num_unit_tokens = 0
+        self._unit_ms_total = 0.0
+        self._stats: dict = {}
+        self._builder = threading.Thread(target=self._build, name="harvest-finetune-build", daemon=True)
+
+    @property
+    def state(self) -> FinetuneState:
+        if self._is_paused and self._phase in ACTIVE_PHASES:
+            return FinetuneState.PAUSED
+        return self._phase
+
+    def start(self) -> None:
+        self._builder.start()
+
+    def wait_built(self, timeout_s: float) -> bool:
+        """Block until the engine is built (or failed to build); True if it finished in time."""
+        self._builder.join(timeout_s)
+        return not self._builder.is_alive()
+
+    def _build(self) -> None:
+        try:
+            self.engine = self._engine_factory(self.spec)
+            self._refresh_stats()
+            self._phase = FinetuneState.RUNNING
+        except Exception as e:  # noqa: BLE001 - any failure of the job must stay in the job
+            self._fail(e)
+
+    # ---- scheduler thread ----
+
+    def can_run_unit(self) -> bool:
+        if self._stop_requested.is_set():
+            self._stop()
+            return False
+        if self._is_paused or self._phase not in ACTIVE_PHASES:
+            return False
+        try:
+            is_ready = self.engine.has_ready_work()
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+            return False
+        if not is_ready:
+            self._phase = FinetuneState.WAITING
+        return is_ready
+
+    def run_unit(self):
+        """Run one unit; returns its UnitResult, or None if the job failed or finished doing it."""
+        try:
+            result = self.engine.run_next_unit()
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+            return None
+        self._phase = FinetuneState.RUNNING
+        self._last_unit_s = time.monotonic()
+        self._num_units += 1
+        self._num_unit_tokens += result.num_tokens
+        self._unit_ms_total += result.duration_ms
+        if result.is_step_end:
+            self._refresh_stats()
+            if self.engine.is_finished:
+                self._finish()
+        return result
+
+    def note_no_room(self) -> None:
+        """The controller had ready work but no room for it; long enough, and the job is starved."""
+        if self._phase == FinetuneState.RUNNING and time.monotonic() - self._last_unit_s > self.STARVED_AFTER_S:
+            self._phase = FinetuneState.STARVED
+
+    # ---- admin thread ----
+
+    def pause(self) -> None:
+        self._check_controllable("pause")
+        self._is_paused = True
+
+    def resume(self) -> None:
+        self._check_controllable("resume")
+        self._is_paused = False
+
+    def request_stop(self, timeout_s: float) -> bool:
+        """Ask the scheduler thread to checkpoint and stop; True once done (or nothing to do)."""
+        if self._phase in ENDED_PHASES:
+            return True
+        if self._phase == FinetuneState.STARTING:
+            self.wait_built(timeout_s)
+        self._stop_requested.set()
+        return self._stopped.wait(timeout_s)
+
+    def stats(self) -> dict:
+        return {
+            "state": self.state.value,
+            "error": self.error,
+            "num_units": self._num_units,
+            "unit_ms_mean": round(self._unit_ms_total / self._num_units, 3) if self._num_units else None,
+            "tokens": self._num_unit_tokens,
+            **self._stats,
+        }
+
+    # ---- internals ----
+
+    def _check_controllable(self, verb: str) -> None:
+        if self._phase in ENDED_PHASES:
+            raise HarvestError(f"cannot {verb} a finetune job that is {self.state.value}")
+
+    def _refresh_stats(self) -> None:
+        stats = dict(self.engine.stats())
+        stats.pop("state", None)  # the engine's own view; the job's state is the one that counts here
+        self._stats = stats
+
+    def _stop(self) -> None:
+        if self._phase not in ENDED_PHASES:
+            try:
+                if self.engine is not None:
+                    path = self.engine.save_checkpoint()
+                    logger.info("harvest: finetune checkpoint written to %s", path)
+                self._phase = FinetuneState.STOPPED
+            except Exception as e:  # noqa: BLE001
+                self._fail(e)
+        self._stopped.set()
+
+    def _finish(self) -> None:
+        try:
+            self.engine.close()
+            self._phase = FinetuneState.FINISHED
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
+
+    def _fail(self, error: BaseException) -> None:
+        self._phase = FinetuneState.FAILED
+        self.error = f"{type(error).__name__}: {error}"
+        logger.error("harvest: finetune job failed, serving continues:\n%s",
+                     "".join(traceback.format_exception(error)))
+        self._release()
+        self._stopped.set()
+
+    def _release(self) -> None:
+        """Drop the engine so its memory (weights, activations, optimizer state) goes back."""
+        device = self.spec.device
+        self.engine = None
+        gc.collect()
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def _build_engine(spec: FinetuneSpec):
+    from harvest.finetune import FinetuneConfig, FinetuneEngine
+
+    config = FinetuneConfig(device=spec.device, max_unit_ms=spec.max_unit_ms,
+                            num_window_layers=spec.num_window_layers, resume=spec.resume)
+    return FinetuneEngine.from_yaml(spec.yaml_path, config=config, model_path=spec.model_path)

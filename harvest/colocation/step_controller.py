@@ -1,0 +1,99 @@
+"""Per decode step: shape -> plan split -> decode | finetune units -> account (HARLI sec. 6.2).
+
+Temporal co-location (CPU hosts, GPUs without green contexts): decode owns the device during its step;
+after the step, finetune units run while the step's time plus the units' stays within the TPOT target,
+and freely while no decode batch exists. Each unit is admitted only if the longest of the recent units
+still fits in what is left, so a step overruns only when a unit takes longer than any recent one.
+
+Spatial co-location (green contexts) uses the planner's partition for each step: see spatial_executor.py.
+"""
+
+import time
+from collections import deque
+
+from harvest.colocation.finetune_job import FinetuneJob
+from harvest.colocation.slo_tracker import SloTracker
+from harvest.decode_step import DecodeStep
+
+RECENT_UNITS = 32
+# Between the end of a step's result processing and the next step's launch SGLang spends ~1 ms
+# receiving requests and building the batch (measured on this CPU); keep it out of the finetune budget.
+LOOP_OVERHEAD_MS = 2.0
+
+
+class StepController:
+    def __init__(self, job: FinetuneJob, planner, slo: SloTracker, planner_source: str):
+        self.job = job
+        self.planner = planner
+        self.slo = slo
+        self.planner_source = planner_source
+        self._recent_unit_ms: deque[float] = deque(maxlen=RECENT_UNITS)
+        self._decision = None
+        self.num_units_in_slack = 0
+        self.num_units_idle = 0
+        self.finetune_ms_in_slack = 0.0
+
+    def before_step(self, step: DecodeStep) -> None:
+        if self.planner is None:
+            self._decision = None
+            return
+        self._decision = self.planner.plan(step.batch_size, step.mean_seq_len, self.job.can_run_unit())
+        step.predicted_ms = self._decision.predicted_ms
+
+    def after_step(self, step: DecodeStep) -> None:
+        """The step's tokens are out: fill what is left of its TPOT budget with finetune units."""
+        if self._decision is not None:
+            self.planner.observe(self._decision, step.latency_ms)
+        budget_ms = self.slo.tpot_slo_ms - step.latency_ms - LOOP_OVERHEAD_MS
+        if self._decision is not None:
+            budget_ms = min(budget_ms, self._decision.slack_ms - LOOP_OVERHEAD_MS)
+        started = time.perf_counter()
+        ran_any = False
+        while self.job.can_run_unit():
+            spent_ms = (time.perf_counter() - started) * 1e3
+            if self._next_unit_estimate_ms() > budget_ms - spent_ms:
+                break
+            if not self._run_unit():
+                break
+            ran_any = True
+            self.num_units_in_slack += 1
+        finetune_ms = (time.perf_counter() - started) * 1e3 if ran_any else 0.0
+        self.finetune_ms_in_slack += finetune_ms
+        if not ran_any:
+            self.job.note_no_room()
+        step.finetune_ms = finetune_ms
+        self.slo.record(step.latency_ms + finetune_ms)
+
+    def on_idle(self) -> None:
+        """No decode batch: run one unit (the loop comes back here between units to check for requests)."""
+        if self.job.can_run_unit() and self._run_unit():
+            self.num_units_idle += 1
+
+    def _run_unit(self) -> bool:
+        result = self.job.run_unit()
+        if result is None:
+            return False
+        self._recent_unit_ms.append(result.duration_ms)
+        return True
+
+    def _next_unit_estimate_ms(self) -> float:
+        # Before any unit was timed, admit none in a step's slack: the idle path times the first ones.
+        return max(self._recent_unit_ms) if self._recent_unit_ms else float("inf")
+
+    def stats(self) -> dict:
+        decision = self._decision
+        return {
+            "mode": "temporal",
+            "planner": self.planner_source,
+            "split": None if decision is None else {
+                "infer_sms": decision.infer_sms, "ft_sms": decision.ft_sms,
+                "predicted_ms": round(decision.predicted_ms, 3), "slack_ms": round(decision.slack_ms, 3),
+                "is_finetune_paused": decision.is_finetune_paused,
+                "is_slo_unreachable": decision.is_slo_unreachable,
+            },
+            "predictor": None if self.planner is None else self.planner.stats().to_dict(),
+            "units_in_slack": self.num_units_in_slack,
+            "units_idle": self.num_units_idle,
+            "finetune_ms_in_slack": round(self.finetune_ms_in_slack, 1),
+            "slo": self.slo.snapshot(),
+        }

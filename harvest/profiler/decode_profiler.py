@@ -1,0 +1,91 @@
+"""Times decode steps of chosen shapes through a running `harvest serve` worker.
+
+For a point (batch_size, seq_len) it sends batch_size pre-filled requests of prompt length ~seq_len at
+once, and reads back, from the worker's own step hook (/harvest/steps), the steps that ran at exactly
+that batch size: the first few warm up, the median of the next `num_repeats` is the sample, and the
+sample's seq_len is the measured mean KV length of those steps.
+"""
+
+import asyncio
+import statistics
+
+import httpx
+
+from harvest.errors import HarvestError
+from harvest.worker_client import generate_prefilled
+from predictor.partition_grid import PartitionGrid
+from predictor.samples import Sample
+from predictor.sampling_plan import SamplePoint
+
+NUM_WARMUP_STEPS = 2
+SPARE_STEPS = 6  # requests join the batch over a few scheduler loops; extra tokens keep the full batch long enough
+NUM_ATTEMPTS = 3  # a busy host can stagger the joins past the spare steps; the point is then sent again
+
+
+class DecodeProfiler:
+    def __init__(self, url: str, admin_url: str, grid: PartitionGrid, num_repeats: int):
+        self.url = url
+        self.admin_url = admin_url
+        self.grid = grid
+        self.num_repeats = num_repeats
+        self._next_room = 1_000_000
+
+    def measure(self, point: SamplePoint) -> Sample:
+        for attempt in range(NUM_ATTEMPTS):
+            try:
+                return self._measure_once(point)
+            except _TooFewSteps as e:
+                if attempt == NUM_ATTEMPTS - 1:
+                    raise HarvestError(str(e)) from None
+
+    def _measure_once(self, point: SamplePoint) -> Sample:
+        if (point.infer_sms, point.ft_sms) != (self.grid.num_sms, 0):
+            raise HarvestError(
+                f"partition ({point.infer_sms}, {point.ft_sms}) cannot be forced through this worker; "
+                "only the whole-device solo partition is profiled live"
+            )
+        num_new_tokens = NUM_WARMUP_STEPS + self.num_repeats + SPARE_STEPS
+        # KV grows by one token per step: start half the run below seq_len so the mean lands on it.
+        prompt_len = max(1, point.seq_len - num_new_tokens // 2)
+        since = self._last_seq()
+        asyncio.run(self._send_batch(point.batch_size, prompt_len, num_new_tokens))
+        steps = [s for s in self._steps_since(since) if s["batch_size"] == point.batch_size]
+        timed = steps[NUM_WARMUP_STEPS:NUM_WARMUP_STEPS + self.num_repeats]
+        if len(timed) < self.num_repeats:
+            raise _TooFewSteps(
+                f"only {len(steps)} steps ran at batch size {point.batch_size} (need "
+                f"{NUM_WARMUP_STEPS + self.num_repeats}): raise --max-running-requests or KV capacity"
+            )
+        return Sample(
+            infer_sm_ratio=self.grid.ratio(point.infer_sms),
+            ft_sm_ratio=self.grid.ratio(point.ft_sms),
+            batch_size=point.batch_size,
+            seq_len=statistics.fmean(s["kv_tokens"] / s["batch_size"] for s in timed),
+            latency_ms=statistics.median(s["latency_ms"] for s in timed),
+        )
+
+    async def _send_batch(self, batch_size: int, prompt_len: int, num_new_tokens: int) -> None:
+        async with httpx.AsyncClient(timeout=600) as client:
+            rooms = range(self._next_room, self._next_room + batch_size)
+            self._next_room += batch_size
+            # Distinct token ids per request; their values do not matter to a decode step's time.
+            await asyncio.gather(*(generate_prefilled(client, self.url, [(room + i) % 1000 + 3 for i in
+                                                                         range(prompt_len)], num_new_tokens, room)
+                                   for room in rooms))
+
+    def _last_seq(self) -> int:
+        return httpx.get(f"{self.admin_url}/harvest/stats", timeout=30).json()["decode"]["decode_steps"]
+
+    def _steps_since(self, since: int) -> list[dict]:
+        steps = []
+        while True:
+            page = httpx.get(f"{self.admin_url}/harvest/steps", params={"since": since, "limit": 10_000},
+                             timeout=30).json()
+            if not page["steps"]:
+                return steps
+            steps += page["steps"]
+            since = page["next"]
+
+
+class _TooFewSteps(Exception):
+    pass

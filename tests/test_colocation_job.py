@@ -1,0 +1,72 @@
+"""FinetuneJob isolates failures of the real engine and runs it only when told to."""
+
+import time
+
+import pytest
+
+from harvest.colocation.finetune_job import FinetuneJob, FinetuneSpec, _build_engine
+from harvest.errors import HarvestError
+from harvest.finetune.demo.tiny_job import write_tiny_job
+
+
+def build_job(tmp_path, fail_at_unit: int | None = None) -> FinetuneJob:
+    yaml_path = write_tiny_job(tmp_path, max_steps=50, save_steps=1000)
+
+    def factory(spec):
+        engine = _build_engine(spec)
+        if fail_at_unit is not None:
+            run_next_unit = engine.run_next_unit
+            calls = []
+
+            def failing_run_next_unit():  # the injected fault: the engine raises mid-run
+                calls.append(1)
+                if len(calls) == fail_at_unit:
+                    raise RuntimeError("injected finetune fault")
+                return run_next_unit()
+
+            engine.run_next_unit = failing_run_next_unit
+        return engine
+
+    job = FinetuneJob(FinetuneSpec(str(yaml_path)), engine_factory=factory)
+    job.start()
+    assert job.wait_built(timeout_s=120)
+    return job
+
+
+def test_failure_mid_run_is_contained(tmp_path):
+    job = build_job(tmp_path, fail_at_unit=7)
+    assert job.state.value == "running", job.error
+    results = [job.run_unit() for _ in range(6)]
+    assert all(r is not None for r in results)
+    assert job.can_run_unit()
+    assert job.run_unit() is None
+    assert job.state.value == "failed" and "injected finetune fault" in job.error
+    assert job.engine is None  # its memory is released
+    assert not job.can_run_unit()
+    with pytest.raises(HarvestError, match="failed"):
+        job.resume()
+    assert job.request_stop(timeout_s=1)
+
+
+def test_pause_blocks_units_and_stop_checkpoints(tmp_path):
+    job = build_job(tmp_path)
+    job.pause()
+    assert job.state.value == "paused" and not job.can_run_unit()
+    job.resume()
+    assert job.can_run_unit()
+    while job.stats().get("step", 0) < 1:
+        assert job.run_unit() is not None
+    assert job.stats()["loss"] is not None
+
+    done = []
+    import threading
+
+    stopper = threading.Thread(target=lambda: done.append(job.request_stop(timeout_s=30)))
+    stopper.start()
+    deadline = time.monotonic() + 30
+    while stopper.is_alive() and time.monotonic() < deadline:
+        job.can_run_unit()  # the scheduler thread notices the request between units
+        time.sleep(0.01)
+    stopper.join()
+    assert done == [True] and job.state.value == "stopped"
+    assert list((tmp_path / "out").glob("checkpoint-*")), "no checkpoint written on stop"
