@@ -5,6 +5,7 @@ Lives in SGLang's scheduler process; `harvest.sglang_plugin` calls it, with SGLa
 reduced to a `DecodeStep`, so nothing here depends on SGLang.
 """
 
+import contextlib
 import logging
 import time
 
@@ -41,8 +42,16 @@ class HarvestRuntime:
             self._admin_server.start()
 
     def stop(self) -> None:
+        if self.controller is not None:
+            self.controller.close()
         if self._admin_server is not None:
             self._admin_server.stop()
+
+    def decode_stream_context(self):
+        """The stream a decode step launches on (its SM partition on a GPU with green contexts)."""
+        if self.controller is None:
+            return contextlib.nullcontext()
+        return self.controller.decode_stream_context()
 
     # ---- scheduler thread, once per decode step ----
 
@@ -109,14 +118,27 @@ class HarvestRuntime:
 
 
 def _build_controller(config: ServeConfig):
+    """Spatial co-location where the profile has co-run partitions and the device is a GPU; else temporal.
+
+    Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
+    measured time, so no prediction can be wrong (stats say so)."""
     from harvest.colocation import FinetuneJob, StepController
     from harvest.colocation.slo_tracker import SloTracker
 
-    planner, source = None, "none: each step's finetune budget is the target minus its measured time"
-    if config.profile_path is not None:
-        from predictor import Profile, SplitPlanner
-
-        planner = SplitPlanner(Profile.load(config.profile_path), config.tpot_slo_ms)
-        source = f"profile {config.profile_path}, online correction on"
+    job = FinetuneJob(config.finetune)
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
-    return StepController(FinetuneJob(config.finetune), planner, slo, source)
+    if config.profile_path is None:
+        return StepController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
+                              "minus its measured time")
+    from predictor import Profile, SplitPlanner
+
+    profile = Profile.load(config.profile_path)
+    planner = SplitPlanner(profile, config.tpot_slo_ms)
+    source = f"profile {config.profile_path} ({profile.device_name}), online correction on"
+    if config.finetune.device.startswith("cuda") and profile.latency_model.has_colo:
+        from harvest.colocation.green_partitions import GreenPartitions
+        from harvest.colocation.spatial_controller import SpatialController
+
+        partitions = GreenPartitions(0, list(profile.partitions))
+        return SpatialController(job, planner, slo, partitions, source)
+    return StepController(job, planner, slo, source)

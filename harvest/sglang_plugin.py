@@ -59,7 +59,8 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         # seq_lens_cpu: [batch_size] int64; run_batch numbers the batch (forward_iter) on entry.
         step = DecodeStep(-1, batch.batch_size(), int(batch.seq_lens_cpu.sum()), time.perf_counter())
         runtime.step_launching(step)
-        result = run_batch(scheduler, batch, *args, **kwargs)
+        with runtime.decode_stream_context():
+            result = run_batch(scheduler, batch, *args, **kwargs)
         step.forward_iter = batch.forward_iter
         runtime.step_launched(step)
         return result

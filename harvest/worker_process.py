@@ -83,7 +83,7 @@ class WorkerProcess:
         return code
 
     def __enter__(self) -> "WorkerProcess":
-        return self.start()
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -8,6 +8,7 @@ still fits in what is left, so a step overruns only when a unit takes longer tha
 Spatial co-location (green contexts) uses the planner's partition for each step: see spatial_executor.py.
 """
 
+import contextlib
 import time
 from collections import deque
 
@@ -32,6 +33,12 @@ class StepController:
         self.num_units_in_slack = 0
         self.num_units_idle = 0
         self.finetune_ms_in_slack = 0.0
+
+    def decode_stream_context(self):
+        return contextlib.nullcontext()  # decode owns the whole device during its step
+
+    def close(self) -> None:
+        pass
 
     def before_step(self, step: DecodeStep) -> None:
         if self.planner is None:
