@@ -1,0 +1,34 @@
+"""What ChunkPool needs from a memory backend: physical blocks that can be mapped at reserved addresses."""
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+
+class Backend(Protocol):
+    """A fixed set of physical blocks (ids 0..num_blocks-1) and address ranges to map them into.
+
+    An unmapped address inside a reservation faults on access (host: PROT_NONE, CUDA: no mapping).
+    """
+
+    device: torch.device
+    block_bytes: int
+    num_blocks: int
+
+    def reserve(self, num_bytes: int) -> int: ...
+
+    def release(self, addr: int, num_bytes: int) -> None: ...
+
+    def map_blocks(self, addr: int, block_ids: Sequence[int]) -> None:
+        """Map block_ids[i] at addr + i * block_bytes, read/write; all-or-nothing."""
+
+    def unmap(self, addr: int, num_bytes: int) -> None: ...
+
+    def remap_block(self, addr: int, block_id: int) -> None:
+        """Replace the block mapped at addr (one block long) by block_id."""
+
+    def byte_tensor(self, addr: int, num_bytes: int) -> torch.Tensor:
+        """A uint8 tensor over [addr, addr + num_bytes) that does not own the memory."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,180 @@
+"""UnifiedAllocator: one memory pool shared by decode KV and the finetune job (HARLI sec. 4).
+
+Policy lives here: which chunks to lend (highest idle ids, never below the reserve), where an
+allocation goes (small pool under one block, lent blocks otherwise) and when to take memory back
+(maybe_reclaim, once per decode step, at most one finetune shrink per call).
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+from allocator.backend import Backend
+from allocator.chunk_pool import ChunkPool, OutOfLentMemory, tensor_bytes
+from allocator.config import AllocatorConfig
+from allocator.small_pool import SmallPool
+from harvest.errors import HarvestError
+
+
+class KvSlots(Protocol):
+    """The decode worker's token allocator (ChunkTokenToKVPoolAllocator) as the allocator sees it."""
+
+    def available_size(self) -> int: ...
+
+    def lendable_chunk_ids(self) -> list[int]: ...
+
+    def withdraw_chunk(self, chunk_id: int) -> None: ...
+
+    def restore_chunk(self, chunk_id: int) -> None: ...
+
+
+def make_backend(config: AllocatorConfig) -> Backend:
+    num_blocks = config.num_chunks * config.blocks_per_chunk + config.num_small_pool_blocks
+    if config.backend == "cuda":
+        from allocator.cuda_backend import CudaBackend
+        return CudaBackend(num_blocks, config.block_bytes, config.device_index)
+    from allocator.host_backend import HostBackend
+    return HostBackend(num_blocks, config.block_bytes)
+
+
+class UnifiedAllocator:
+    def __init__(self, config: AllocatorConfig, backend: Backend | None = None):
+        self.config = config
+        self.backend = backend or make_backend(config)
+        self.chunk_pool = ChunkPool(config, self.backend)
+        first_small = config.num_chunks * config.blocks_per_chunk
+        self.small_pool = SmallPool(self.backend, range(first_small, first_small + config.num_small_pool_blocks))
+        self.kv_slots: KvSlots | None = None
+        self.shrink_one_layer: Callable[[], bool] | None = None
+        self.num_reclaimed_chunks = 0
+        self.num_shrink_calls = 0
+
+    def attach_kv_slots(self, kv_slots: KvSlots) -> None:
+        self.kv_slots = kv_slots
+
+    def set_reclaim_callback(self, shrink_one_layer: Callable[[], bool]) -> None:
+        """The finetune side's `shrink_one_layer() -> bool`: drop one layer of its window, free its blocks."""
+        self.shrink_one_layer = shrink_one_layer
+
+    @property
+    def reserve_slots(self) -> int:
+        return self.config.reserve_slots
+
+    @property
+    def reserve_bytes(self) -> int:
+        return self.config.reserve_bytes
+
+    def lend_chunks(self, num_chunks: int) -> int:
+        """Lend up to num_chunks all-free chunks, highest id first, keeping reserve_slots free; returns how many."""
+        self._require_kv_slots()
+        num_lent = 0
+        for chunk_id in self.kv_slots.lendable_chunk_ids():
+            if num_lent == num_chunks:
+                break
+            # slots_per_chunk bounds the slots a (possibly partial last) chunk takes out of circulation.
+            slots_after = self.kv_slots.available_size() - self.config.slots_per_chunk
+            if slots_after < self.reserve_slots:
+                break
+            self.kv_slots.withdraw_chunk(chunk_id)
+            self.chunk_pool.lend(chunk_id)
+            num_lent += 1
+        return num_lent
+
+    def alloc_tensor(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """Under one block (and within a buddy root): the small pool. Otherwise lent blocks, lending
+        more chunks if needed."""
+        num_bytes = tensor_bytes(shape, dtype)
+        if self.small_pool.takes(num_bytes):
+            return self.small_pool.alloc_tensor(shape, dtype)
+        try:
+            return self.chunk_pool.alloc_tensor(shape, dtype)
+        except OutOfLentMemory:
+            if self.kv_slots is None:
+                raise
+        ledger = self.chunk_pool.ledger
+        missing_blocks = ledger.blocks_needed(num_bytes) - ledger.num_free_blocks
+        self.lend_chunks(-(-missing_blocks // self.config.blocks_per_chunk))
+        return self.chunk_pool.alloc_tensor(shape, dtype)
+
+    def free_tensor(self, tensor: torch.Tensor) -> None:
+        if self.small_pool.owns(tensor):
+            self.small_pool.free_tensor(tensor)
+        else:
+            self.chunk_pool.free_tensor(tensor)
+
+    def return_idle_chunks(self, max_chunks: int | None = None) -> int:
+        """Give idle lent chunks back to KV, lowest id first (new KV prefers low ids)."""
+        self._require_kv_slots()
+        idle = self.chunk_pool.ledger.idle_chunk_ids()[:max_chunks]
+        for chunk_id in idle:
+            self.chunk_pool.reclaim(chunk_id)
+            self.kv_slots.restore_chunk(chunk_id)
+        self.num_reclaimed_chunks += len(idle)
+        return len(idle)
+
+    def maybe_reclaim(self, allow_drain: bool = False) -> int:
+        """Call once per decode step: while free KV slots are under the reserve, return an idle lent
+        chunk, else drain the least-used one into free blocks of the others, else ask the finetune
+        side to shrink by one layer - once per call, so decode waits on at most one shrink. Returns
+        chunks handed back to KV. allow_drain only where no finetune work is touching its tensors
+        (between finetune units): a drain copies blocks, then remaps them."""
+        self._require_kv_slots()
+        num_returned = 0
+        asked = False
+        ledger = self.chunk_pool.ledger
+        while self.kv_slots.available_size() < self.reserve_slots and ledger.lent_chunk_ids():
+            if not ledger.idle_chunk_ids() and allow_drain:
+                least_used = min(ledger.lent_chunk_ids(), key=lambda c: (len(ledger.used_blocks_of(c)), -c))
+                self.chunk_pool.drain(least_used)
+            if ledger.idle_chunk_ids():
+                num_returned += self.return_idle_chunks(1)
+            elif not asked and self.shrink_one_layer is not None:
+                asked = True
+                self.num_shrink_calls += 1
+                if not self.shrink_one_layer():
+                    break
+            else:
+                break
+        return num_returned
+
+    def _require_kv_slots(self) -> None:
+        if self.kv_slots is None:
+            raise HarvestError("the allocator has no KV token allocator: call attach_kv_slots first")
+
+    def stats(self) -> dict:
+        """Counts for /harvest/stats and /metrics. Fragmentation: bytes of blocks backing tensors that no
+        tensor uses (free blocks of lent chunks are lent_free_bytes, still allocatable)."""
+        ledger = self.chunk_pool.ledger
+        num_lent = len(ledger.lent_chunk_ids())
+        chunk_bytes = self.config.blocks_per_chunk * self.config.block_bytes
+        lent_bytes = num_lent * chunk_bytes
+        reserved_chunks = -(-self.reserve_slots // self.config.slots_per_chunk)
+        num_kv = self.config.num_chunks - num_lent
+        used_bytes = ledger.num_used_blocks * self.config.block_bytes
+        fragmentation_bytes = used_bytes - self.chunk_pool.requested_bytes
+        lendable = len(self.kv_slots.lendable_chunk_ids()) if self.kv_slots is not None else 0
+        return {
+            "chunks_total": self.config.num_chunks,
+            "chunks_kv": num_kv,
+            "chunks_lent": num_lent,
+            "chunks_reserved": min(reserved_chunks, num_kv),
+            "chunks_free": lendable,
+            "chunks_lent_idle": len(ledger.idle_chunk_ids()),
+            "chunk_bytes": chunk_bytes,
+            "lent_bytes": lent_bytes,
+            "lent_used_bytes": used_bytes,
+            "lent_free_bytes": lent_bytes - used_bytes,
+            "fragmentation_bytes": fragmentation_bytes,
+            "fragmentation_pct": 100.0 * fragmentation_bytes / lent_bytes if lent_bytes else 0.0,
+            "reserve_bytes": self.reserve_bytes,
+            "small_pool_bytes": self.small_pool.num_bytes,
+            "small_pool_used_bytes": self.small_pool.used_bytes,
+            "num_reclaimed_chunks": self.num_reclaimed_chunks,
+            "num_shrink_calls": self.num_shrink_calls,
+        }
+
+    def close(self) -> None:
+        self.chunk_pool.close()
+        self.small_pool.close()
+        self.backend.close()
