@@ -1,0 +1,170 @@
+"""The units of one chunk, run one at a time on a decoder-only causal LM laid out like Llama.
+
+embed -> forward(0..L-1) -> head (+ loss, + its backward) -> backward(L-1..0). Forward units run without
+autograd and keep only each layer's input; a backward unit recomputes its layer from that input with
+autograd on and backpropagates the gradient arriving from above, exactly what gradient checkpointing (on by
+default in LlamaFactory) does, but one layer per call so a scheduler can stop between any two layers.
+"""
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from harvest.errors import HarvestError
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One slice of rows of a micro-batch, with what its units pass to each other."""
+
+    inputs: dict[str, torch.Tensor]
+    loss_denominator: torch.Tensor
+    """The token count the summed loss is divided by (the Trainer's normalisation over accumulation)."""
+    num_tokens: int
+    causal_mask: Any = None
+    position_ids: torch.Tensor | None = None
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
+    hidden: list[torch.Tensor | None] = field(default_factory=list)
+    """hidden[i]: input of decoder layer i; hidden[L]: input of the head."""
+    grad: torch.Tensor | None = None
+    """Gradient of the loss w.r.t. the input of the next layer to backpropagate through."""
+    rng_states: dict[int, Any] = field(default_factory=dict)
+    loss: torch.Tensor | None = None
+
+
+class DecoderUnits:
+    def __init__(self, peft_model: nn.Module, device: torch.device, autocast_dtype: torch.dtype | None) -> None:
+        base = peft_model.get_base_model()
+        inner = getattr(base, "model", None)
+        needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+        if inner is None or not all(hasattr(inner, name) for name in needed) or not hasattr(base, "lm_head"):
+            raise HarvestError(
+                f"model_name_or_path: {type(base).__name__} is not laid out like Llama "
+                "(model.embed_tokens/layers/norm/rotary_emb + lm_head); harvest's layer-wise engine needs that"
+            )
+        self.base = base
+        self.config = inner.config
+        self.embed_tokens = inner.embed_tokens
+        self.layers = inner.layers
+        self.norm = inner.norm
+        self.rotary_emb = inner.rotary_emb
+        self.lm_head = base.lm_head
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+        self.is_embed_trainable = any(p.requires_grad for p in self.embed_tokens.parameters())
+        self.uses_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.layers.modules())
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def non_layer_modules(self) -> list[nn.Module]:
+        return [self.embed_tokens, self.norm, self.rotary_emb, self.lm_head]
+
+    def embed(self, chunk: Chunk) -> None:
+        from transformers.masking_utils import create_causal_mask
+
+        input_ids = chunk.inputs["input_ids"]
+        with torch.no_grad(), self._autocast():
+            hidden = self.embed_tokens(input_ids)
+        # position_ids: [1 or rows, seq_len], as LlamaModel.forward builds them when the batch has none.
+        position_ids = chunk.inputs.get("position_ids")
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        chunk.position_ids = position_ids
+        chunk.causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=hidden,
+            attention_mask=chunk.inputs.get("attention_mask"),
+            past_key_values=None,
+            position_ids=position_ids,
+        )
+        chunk.position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
+        chunk.hidden = [hidden] + [None] * self.num_layers
+
+    def forward(self, chunk: Chunk, layer_id: int) -> None:
+        if self.uses_dropout:
+            chunk.rng_states[layer_id] = get_rng_state(self.device)
+        with torch.no_grad(), self._autocast():
+            chunk.hidden[layer_id + 1] = self._run_layer(layer_id, chunk.hidden[layer_id], chunk)
+
+    def head(self, chunk: Chunk) -> torch.Tensor:
+        """Loss of the chunk (already divided by its denominator) and its backward down to the last layer."""
+        hidden = chunk.hidden[self.num_layers].detach().requires_grad_(True)
+        with torch.enable_grad(), self._autocast():
+            # logits: [rows, seq_len, vocab]
+            logits = self.lm_head(self.norm(hidden))
+            loss = self.base.loss_function(
+                logits=logits,
+                labels=chunk.inputs["labels"],
+                vocab_size=self.config.vocab_size,
+                num_items_in_batch=chunk.loss_denominator,
+            )
+        loss.backward()
+        chunk.grad = hidden.grad
+        chunk.hidden[self.num_layers] = None
+        chunk.loss = loss.detach()
+        return chunk.loss
+
+    def backward(self, chunk: Chunk, layer_id: int) -> None:
+        needs_input_grad = layer_id > 0 or self.is_embed_trainable
+        hidden = chunk.hidden[layer_id].detach().requires_grad_(needs_input_grad)
+        rng_state = chunk.rng_states.pop(layer_id, None)
+        with _restored_rng(self.device, rng_state), torch.enable_grad(), self._autocast():
+            output = self._run_layer(layer_id, hidden, chunk)
+        torch.autograd.backward(output, chunk.grad)
+        chunk.grad = hidden.grad if needs_input_grad else None
+        chunk.hidden[layer_id] = None
+        if layer_id == 0 and self.is_embed_trainable:
+            with torch.enable_grad(), self._autocast():
+                embedded = self.embed_tokens(chunk.inputs["input_ids"])
+            torch.autograd.backward(embedded, chunk.grad)
+            chunk.grad = None
+
+    def _run_layer(self, layer_id: int, hidden: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+        output = self.layers[layer_id](
+            hidden,
+            attention_mask=chunk.causal_mask,
+            position_ids=chunk.position_ids,
+            position_embeddings=chunk.position_embeddings,
+        )
+        return output[0] if isinstance(output, tuple) else output
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+
+def get_rng_state(device: torch.device) -> tuple:
+    cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda_state
+
+
+def set_rng_state(device: torch.device, state: tuple) -> None:
+    cpu_state, cuda_state = state
+    torch.set_rng_state(cpu_state)
+    if cuda_state is not None:
+        torch.cuda.set_rng_state(cuda_state, device)
+
+
+class _restored_rng:
+    """Replay the RNG a forward unit saw (dropout masks) during the backward recompute, then restore."""
+
+    def __init__(self, device: torch.device, state: tuple | None) -> None:
+        self.device, self.state, self.fork = device, state, None
+
+    def __enter__(self):
+        if self.state is None:
+            return
+        devices = [self.device] if self.device.type == "cuda" else []
+        self.fork = torch.random.fork_rng(devices=devices, device_type=self.device.type)
+        self.fork.__enter__()
+        set_rng_state(self.device, self.state)
+
+    def __exit__(self, *exc):
+        if self.fork is not None:
+            self.fork.__exit__(*exc)

@@ -1,0 +1,49 @@
+"""How many rows of a micro-batch one unit may carry so that it stays under `max_unit_ms` (HARLI sec. 6.1).
+
+Torch-free. Learns the cost of the slowest unit kind per token from measured unit durations; splitting
+rows does not change the result because the loss is a token sum over the accumulation window.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class UnitSizer:
+    max_unit_ms: float | None = None
+    """Target upper bound on one unit's duration; None never splits on time."""
+    max_chunk_rows: int | None = None
+    """Hard cap on rows per unit (deterministic splitting, for tests and tiny memory budgets)."""
+    smoothing: float = 0.5
+    """Weight of the newest sample in the per-kind moving average of ms per token."""
+    _ms_per_token: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_unit_ms is not None and self.max_unit_ms <= 0:
+            raise ValueError(f"max_unit_ms must be > 0, got {self.max_unit_ms}")
+        if self.max_chunk_rows is not None and self.max_chunk_rows < 1:
+            raise ValueError(f"max_chunk_rows must be >= 1, got {self.max_chunk_rows}")
+        if not 0 < self.smoothing <= 1:
+            raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
+
+    def observe(self, kind: str, num_tokens: int, duration_ms: float) -> None:
+        if num_tokens <= 0 or duration_ms < 0:
+            return
+        sample = duration_ms / num_tokens
+        previous = self._ms_per_token.get(kind)
+        self._ms_per_token[kind] = sample if previous is None else previous + self.smoothing * (sample - previous)
+
+    def slowest_ms_per_token(self) -> float | None:
+        return max(self._ms_per_token.values(), default=None)
+
+    def rows_per_chunk(self, num_rows: int, tokens_per_row: int) -> int:
+        """Rows per unit in [1, num_rows]: as many as fit `max_unit_ms` at the slowest measured unit kind."""
+        if num_rows < 1:
+            raise ValueError(f"num_rows must be >= 1, got {num_rows}")
+        rows = num_rows
+        ms_per_token = self.slowest_ms_per_token()
+        if self.max_unit_ms is not None and ms_per_token:
+            rows = math.floor(self.max_unit_ms / (ms_per_token * max(tokens_per_row, 1)))
+        if self.max_chunk_rows is not None:
+            rows = min(rows, self.max_chunk_rows)
+        return max(1, min(rows, num_rows))

@@ -1,0 +1,76 @@
+"""Torch-free policies of the finetune engine: the resident-layer window and the unit sizer."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harvest.finetune.unit_sizer import UnitSizer
+from harvest.finetune.window_policy import WindowPolicy, count_fetches
+
+
+@st.composite
+def policy_and_future(draw):
+    num_layers = draw(st.integers(1, 12))
+    window = draw(st.integers(1, num_layers))
+    future = draw(st.lists(st.integers(0, num_layers - 1), max_size=40))
+    return WindowPolicy(num_layers), window, future
+
+
+@given(policy_and_future())
+def test_target_is_the_soonest_distinct_layers_and_fills_the_window(case):
+    policy, window, future = case
+    target = policy.target_layers(future, window)
+    assert len(target) == window == len(set(target))
+    assert all(0 <= layer_id < policy.num_layers for layer_id in target)
+    if future:
+        assert target[0] == future[0]
+    seen = list(dict.fromkeys(future))[:window]
+    assert target[: len(seen)] == seen
+
+
+@given(st.integers(1, 10), st.integers(1, 4))
+def test_full_window_fetches_each_layer_once_and_smaller_windows_fetch_more(num_layers, num_passes):
+    policy = WindowPolicy(num_layers)
+    sequence = policy.pass_order() * num_passes
+    assert count_fetches(policy, sequence, num_layers) == num_layers
+    fetches = [count_fetches(policy, sequence, w) for w in range(1, num_layers + 1)]
+    assert fetches == sorted(fetches, reverse=True)
+    # With W layers, the turn at the top of the pass reuses the W layers already resident.
+    assert fetches[0] == len(sequence) - (num_passes * 2 - 1)
+
+
+def test_window_out_of_range_is_rejected():
+    with pytest.raises(ValueError, match="num_window_layers"):
+        WindowPolicy(4).target_layers([], 5)
+    with pytest.raises(ValueError, match="num_layers"):
+        WindowPolicy(0)
+
+
+@given(
+    st.integers(1, 64),
+    st.integers(1, 4096),
+    st.floats(0.01, 1e4),
+    st.floats(1e-5, 10.0),
+    st.one_of(st.none(), st.integers(1, 64)),
+)
+def test_rows_per_chunk_fits_the_budget_and_stays_in_range(num_rows, tokens_per_row, max_unit_ms, ms_per_token, cap):
+    sizer = UnitSizer(max_unit_ms=max_unit_ms, max_chunk_rows=cap, smoothing=1.0)
+    assert sizer.rows_per_chunk(num_rows, tokens_per_row) == min(num_rows, cap or num_rows)  # nothing measured
+    sizer.observe("backward", 100, ms_per_token * 100)
+    rows = sizer.rows_per_chunk(num_rows, tokens_per_row)
+    assert 1 <= rows <= num_rows
+    if cap is not None:
+        assert rows <= cap
+    if rows > 1:
+        assert rows * tokens_per_row * ms_per_token <= max_unit_ms * (1 + 1e-9)
+    looser = UnitSizer(max_unit_ms=max_unit_ms * 2, max_chunk_rows=cap, smoothing=1.0)
+    looser.observe("backward", 100, ms_per_token * 100)
+    assert looser.rows_per_chunk(num_rows, tokens_per_row) >= rows
+
+
+def test_sizer_follows_the_slowest_unit_kind():
+    sizer = UnitSizer(max_unit_ms=10.0)
+    sizer.observe("forward", 100, 1.0)
+    sizer.observe("backward", 100, 5.0)
+    assert sizer.slowest_ms_per_token() == pytest.approx(0.05)
+    assert sizer.rows_per_chunk(64, 10) == 20

@@ -1,0 +1,74 @@
+"""The unit stream a scheduler sees: order, results, and time-based splitting of micro-batches."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
+
+import pytest
+import torch
+
+from harvest.finetune import FinetuneConfig, FinetuneEngine
+from harvest.finetune.demo.tiny_job import write_tiny_job
+
+NUM_LAYERS = 3
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    # See test_finetune_equivalence.py: 1 torch thread is 20x faster than 2 on the busy shared host.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def job_path(tmp_path_factory):
+    return write_tiny_job(
+        tmp_path_factory.mktemp("units"), num_layers=NUM_LAYERS, max_steps=3, gradient_accumulation_steps=1
+    )
+
+
+def test_one_step_is_embed_forwards_head_backwards_optimizer(job_path):
+    engine = FinetuneEngine.from_yaml(job_path)
+    assert engine.has_ready_work() and engine.stats()["state"] == "running"
+    results = []
+    while not results or not results[-1].is_step_end:
+        results.append(engine.run_next_unit())
+    expected = (
+        [("embed", None)]
+        + [("forward", i) for i in range(NUM_LAYERS)]
+        + [("head", None)]
+        + [("backward", i) for i in reversed(range(NUM_LAYERS))]
+        + [("optimizer", None)]
+    )
+    assert [(r.kind, r.layer_id) for r in results] == expected
+    assert all(r.duration_ms > 0 for r in results)
+    assert all(r.num_tokens > 0 for r in results[:-1]) and results[-1].num_tokens == 0
+    assert [r.loss is not None for r in results] == [False] * (len(results) - 1) + [True]
+    assert results[-1].step == engine.stats()["step"] == 1
+    assert engine.stats()["loss"] == results[-1].loss > 0
+
+
+def test_a_tight_unit_budget_splits_micro_batches_without_changing_the_result(job_path):
+    reference = FinetuneEngine.from_yaml(job_path)
+    while not reference.is_finished:
+        reference.run_step()
+    split = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(max_unit_ms=1e-6))
+    chunk_ids = set()
+    while not split.is_finished:
+        chunk_ids.add(split.run_next_unit().chunk_id)
+    batch_size = split.job.training_args.per_device_train_batch_size
+    assert chunk_ids == set(range(batch_size))  # after step 1 measured the cost, every row is its own unit
+    expected = reference.lora_state_dict()
+    for key, weight in split.lora_state_dict().items():
+        torch.testing.assert_close(weight, expected[key], rtol=1e-5, atol=1e-7)
+
+
+def test_finished_engine_refuses_more_units(job_path):
+    engine = FinetuneEngine.from_yaml(job_path, overrides={"max_steps": 1})
+    engine.run_step()
+    assert engine.is_finished and not engine.has_ready_work() and engine.stats()["state"] == "finished"
+    with pytest.raises(RuntimeError, match="finished"):
+        engine.run_next_unit()
