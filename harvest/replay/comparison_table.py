@@ -1,0 +1,65 @@
+"""The printed comparison of a results.json: one row per policy."""
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(value, spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def print_comparison(results: dict, console: Console) -> None:
+    target = results["config"]["tpot_slo_ms"]
+    notes = []
+    if results["mode"] == "simulated":
+        p = results["profile"]
+        source = (
+            "[bold red]SYNTHETIC profile (made-up numbers, not measured)[/bold red]: "
+            if p["is_synthetic"]
+            else "profile: "
+        ) + f"{p['device']}, created {p['created_utc']}"
+    else:
+        source = f"live: {results['target']}"
+    table = Table(
+        title=f"{results['trace']['name']} ({results['trace']['num_requests']} requests), TPOT target {target:g} ms",
+        caption=source,
+    )
+    for column in (
+        "policy",
+        "steps in target",
+        "step p99 ms",
+        "TPOT p50 ms",
+        "TPOT p90 ms",
+        "TPOT p99 ms",
+        "queue p99 s",
+        "finetune tok/s",
+        "samples/s",
+        "on decode dev tok/s",
+        "vs separate",
+        "vs static",
+    ):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for name, entry in results["policies"].items():
+        if entry.get("status") != "ok":
+            table.add_row(name, "[dim]n/a[/dim]", *[""] * 10)
+            notes.append(f"{name} not applicable: {entry.get('reason', '')}")
+            continue
+        d, f = entry["decode"], entry["finetune"]
+        attainment = d["step_slo_attainment"]
+        table.add_row(
+            name,
+            _fmt(None if attainment is None else 100 * attainment, ".2f", "%"),
+            _fmt(d["step_latency_ms_p99"]),
+            _fmt(d["tpot_ms_p50"]),
+            _fmt(d["tpot_ms_p90"]),
+            _fmt(d["tpot_ms_p99"]),
+            _fmt(d["queue_delay_s_p99"], ".2f"),
+            _fmt(f.get("tokens_per_s"), ".0f"),
+            _fmt(f.get("samples_per_s"), ".2f"),
+            _fmt(f.get("decode_device_tokens_per_s"), ".0f"),
+            _fmt(f.get("ratio_to_separate"), ".2f", "x"),
+            _fmt(f.get("ratio_to_static"), ".2f", "x"),
+        )
+    console.print(table)
+    for note in [*notes, *results.get("notes", [])]:
+        console.print(f"[dim]note: {note}[/dim]")
