@@ -105,6 +105,9 @@ class FinetuneJob:
             self._phase = FinetuneState.WAITING
         return is_ready
 
+    def next_unit_kind(self) -> str:
+        return self.engine.next_unit_kind()
+
     def run_unit(self):
         """Run one unit; returns its UnitResult, or None if the job failed or finished doing it."""
         try:

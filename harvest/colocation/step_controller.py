@@ -1,11 +1,11 @@
 """Per decode step: shape -> plan split -> decode | finetune units -> account (HARLI sec. 6.2).
 
 Temporal co-location (CPU hosts, GPUs without green contexts): decode owns the device during its step;
-after the step, finetune units run while the step's time plus the units' stays within the TPOT target,
-and freely while no decode batch exists. Each unit is admitted only if the longest of the recent units
-still fits in what is left, so a step overruns only when a unit takes longer than any recent one.
+after the step, finetune units run while the step's time plus the units' stays within (a backed-off share
+of) the TPOT target, and freely while no decode batch exists. A unit is admitted only if 1.25x the longest
+recent unit of its kind fits in what is left.
 
-Spatial co-location (green contexts) uses the planner's partition for each step: see spatial_executor.py.
+Spatial co-location (green contexts) uses the planner's partition for each step: see spatial_controller.py.
 """
 
 import contextlib
@@ -16,7 +16,17 @@ from harvest.colocation.finetune_job import FinetuneJob
 from harvest.colocation.slo_tracker import SloTracker
 from harvest.decode_step import DecodeStep
 
-RECENT_UNITS = 32
+RECENT_UNITS_PER_KIND = 16
+# Unit times of one kind vary with the chunk's length and with the host: admit a unit only if 1.25x the
+# longest recent unit of its kind fits (the embedded model on this CPU: layer units ~9 ms, the head
+# unit with its 49k-word vocabulary several times that, so one estimate for all kinds overruns).
+UNIT_ESTIMATE_MARGIN = 1.25
+# Filling every step's slack stretches TPOT to the target, requests stay longer, batches grow and decode
+# alone slows past the target (measured on the embedded model, conv slice: batch 4 -> 7, 56 of 849 steps
+# over the target by decode alone). So the share of the slack finetuning may fill backs off (halves)
+# whenever a step takes more than this fraction of the target, and recovers slowly while steps are short.
+BACKOFF_LATENCY_FRACTION = 0.7
+FILL_RECOVERY_PER_STEP = 0.02
 # Between the end of a step's result processing and the next step's launch SGLang spends ~1 ms
 # receiving requests and building the batch (measured on this CPU); keep it out of the finetune budget.
 LOOP_OVERHEAD_MS = 2.0
@@ -28,8 +38,9 @@ class StepController:
         self.planner = planner
         self.slo = slo
         self.planner_source = planner_source
-        self._recent_unit_ms: deque[float] = deque(maxlen=RECENT_UNITS)
+        self._recent_unit_ms: dict[str, deque[float]] = {}
         self._decision = None
+        self.fill_fraction = 1.0
         self.num_units_in_slack = 0
         self.num_units_idle = 0
         self.finetune_ms_in_slack = 0.0
@@ -51,7 +62,12 @@ class StepController:
         """The step's tokens are out: fill what is left of its TPOT budget with finetune units."""
         if self._decision is not None:
             self.planner.observe(self._decision, step.latency_ms)
-        budget_ms = self.slo.tpot_slo_ms - step.latency_ms - LOOP_OVERHEAD_MS
+        target_ms = self.slo.tpot_slo_ms
+        if step.latency_ms > BACKOFF_LATENCY_FRACTION * target_ms:
+            self.fill_fraction /= 2
+        else:
+            self.fill_fraction = min(1.0, self.fill_fraction + FILL_RECOVERY_PER_STEP)
+        budget_ms = self.fill_fraction * (target_ms - step.latency_ms) - LOOP_OVERHEAD_MS
         if self._decision is not None:
             budget_ms = min(budget_ms, self._decision.slack_ms - LOOP_OVERHEAD_MS)
         started = time.perf_counter()
@@ -80,12 +96,13 @@ class StepController:
         result = self.job.run_unit()
         if result is None:
             return False
-        self._recent_unit_ms.append(result.duration_ms)
+        self._recent_unit_ms.setdefault(result.kind, deque(maxlen=RECENT_UNITS_PER_KIND)).append(result.duration_ms)
         return True
 
     def _next_unit_estimate_ms(self) -> float:
-        # Before any unit was timed, admit none in a step's slack: the idle path times the first ones.
-        return max(self._recent_unit_ms) if self._recent_unit_ms else float("inf")
+        # A kind never timed yet is admitted in idle loops only: they time the first ones.
+        recent = self._recent_unit_ms.get(self.job.next_unit_kind())
+        return UNIT_ESTIMATE_MARGIN * max(recent) if recent else float("inf")
 
     def stats(self) -> dict:
         decision = self._decision
@@ -99,6 +116,7 @@ class StepController:
                 "is_slo_unreachable": decision.is_slo_unreachable,
             },
             "predictor": None if self.planner is None else self.planner.stats().to_dict(),
+            "fill_fraction": round(self.fill_fraction, 4),
             "units_in_slack": self.num_units_in_slack,
             "units_idle": self.num_units_idle,
             "finetune_ms_in_slack": round(self.finetune_ms_in_slack, 1),

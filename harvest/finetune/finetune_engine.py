@@ -116,6 +116,10 @@ class FinetuneEngine:
             return True
         return self._swapper.is_ready(self._queue[0].layer_id)
 
+    def next_unit_kind(self) -> str:
+        """The kind of unit run_next_unit would run now (a new step starts with "embed")."""
+        return self._queue[0].kind if self._queue else "embed"
+
     def run_next_unit(self) -> UnitResult:
         if self.is_finished:
             raise RuntimeError("the finetune job is finished")
