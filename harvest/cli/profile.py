@@ -7,6 +7,7 @@ through eval/gpu (no SGLang needed there).
 
 import argparse
 import json
+import random
 import time
 from pathlib import Path
 
@@ -18,11 +19,18 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--finetune", default=None, help="LlamaFactory YAML whose throughput to record")
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--max-seq-len", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=5, help="timed decode steps per point (median kept)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed decode steps per point (median kept)")
     parser.add_argument("--held-out", type=int, default=8, help="random held-out shapes to score the fit on")
+    parser.add_argument("--passes", type=int, default=3,
+                        help="separate visits of every point, shuffled; the sample is the median over visits")
     parser.add_argument("--port", type=int, default=30010)
     parser.add_argument("--admin-port", type=int, default=30110)
     parser.set_defaults(func=run)
+
+
+def median_sample(samples):
+    """The visit with the median latency (its seq_len stays the one measured with it)."""
+    return sorted(samples, key=lambda s: s.latency_ms)[len(samples) // 2]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                         num_repeats=args.repeats, num_held_out_per_partition=args.held_out)
     worker = WorkerProcess(
         ["--model-path", str(model_path), "--max-running-requests", str(args.max_batch_size),
-         "--max-total-tokens", str(max_kv_tokens + 1024)],
+         # PD decode reserves room to grow each running request (num_reserved_decode_tokens, 512) on top.
+         "--max-total-tokens", str(max_kv_tokens + 512 * args.max_batch_size + 1024)],
         args.port, args.admin_port, out.with_suffix(".worker.log"),
     )
     started = time.perf_counter()
@@ -62,13 +71,25 @@ def run(args: argparse.Namespace) -> int:
     try:
         profiler = DecodeProfiler(worker.url, worker.admin_url, grid, args.repeats)
         points = plan.points()
+        # A shared 2-core host drifts by 20-30% over seconds (same shape, measured minutes apart): every
+        # point is visited in several passes, shuffled, so drift spreads over fit and held-out points
+        # alike and the median over visits drops the disturbed ones. The largest shape runs first,
+        # unrecorded, so allocator arenas and caches are warm before anything counts.
+        visits = [p for p in points for _ in range(args.passes)]
+        random.Random(0).shuffle(visits)
+        largest = max(points, key=lambda p: p.batch_size * p.seq_len)
+        with console.status("warming up on the largest shape ..."):
+            profiler.measure(largest)
+        measured: dict = {p: [] for p in points}
         measure_started = time.perf_counter()
         with Progress(console=console) as progress:
-            task = progress.add_task("decode shapes", total=len(points))
-            for point in points:
-                (held_out if point.is_held_out else fit).append(profiler.measure(point))
+            task = progress.add_task("decode shapes", total=len(visits))
+            for point in visits:
+                measured[point].append(profiler.measure(point))
                 progress.advance(task)
         measure_s = time.perf_counter() - measure_started
+        for point in points:
+            (held_out if point.is_held_out else fit).append(median_sample(measured[point]))
     finally:
         worker.stop()
     samples_path = out.with_suffix(".samples.csv")
