@@ -1,5 +1,6 @@
 """The CPU driver stub built at set-up covers every driver symbol sgl_kernel needs."""
 
+import os
 import subprocess
 import sys
 
@@ -35,3 +36,19 @@ def test_stub_reports_no_device_and_sglang_imports():
         assert stubbed == "False"
     else:
         assert (stubbed, rc, cuda) == ("True", "100", "False")
+
+
+def test_a_child_that_inherits_the_stub_path_still_sees_no_real_driver():
+    """Pins the CI failure of 2026-11-22: once a test (or `harvest serve`) had put the stub's folder on
+    LD_LIBRARY_PATH, every later child loaded the stub as `libcuda.so.1`, took it for a real driver, dropped
+    the CPU defaults and died asking for mooncake. Forced here by handing the child that LD_LIBRARY_PATH."""
+    stub = native_library(STUB_RELATIVE_PATH)
+    code = (
+        "import ctypes; from harvest.native.cuda_driver import has_real_driver, STUB_MARKER_SYMBOL\n"
+        "print(hasattr(ctypes.CDLL('libcuda.so.1'), STUB_MARKER_SYMBOL), has_real_driver())\n"
+    )
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{stub.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    # The stub's folder comes first on the search path, so even a GPU host loads the stub here.
+    assert out.stdout.split() == ["True", "False"]

@@ -12,3 +12,8 @@
  * whose result is an int-sized status code, which every cu* entry point returns. */
 #define STUB(name) int name(void) { return CUDA_ERROR_NO_DEVICE; }
 #include "symbols.inc"
+
+/* Marks this library as the stand-in: once its folder is on LD_LIBRARY_PATH (which harvest sets for the
+ * SGLang subprocesses, and which children inherit), loading "libcuda.so.1" finds it, and only this symbol
+ * tells it from a real driver. */
+int harvest_cpu_driver_stub(void) { return 1; }

@@ -8,12 +8,17 @@ from harvest.native import native_library
 STUB_RELATIVE_PATH = "cpu_driver_stub/libcuda.so.1"
 
 
+STUB_MARKER_SYMBOL = "harvest_cpu_driver_stub"
+
+
 def has_real_driver() -> bool:
+    """True if `libcuda.so.1` loads and is not harvest's stub (a process that inherited the stub's folder
+    on LD_LIBRARY_PATH from a parent finds the stub under the driver's name)."""
     try:
-        ctypes.CDLL("libcuda.so.1")
+        driver = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return False
-    return True
+    return not hasattr(driver, STUB_MARKER_SYMBOL)
 
 
 def ensure_driver_or_stub() -> bool:
