@@ -28,6 +28,9 @@ class Backend(Protocol):
     def remap_block(self, addr: int, block_id: int) -> None:
         """Replace the block mapped at addr (one block long) by block_id."""
 
+    def zero(self, addr: int, num_bytes: int) -> None:
+        """Zero a mapped range (ordered before later work on the current stream, on CUDA)."""
+
     def byte_tensor(self, addr: int, num_bytes: int) -> torch.Tensor:
         """A uint8 tensor over [addr, addr + num_bytes) that does not own the memory."""
 

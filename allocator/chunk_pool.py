@@ -68,10 +68,13 @@ class ChunkPool:
             self.backend.unmap(self._buffer_addr(buffer_id) + chunk_id * self.block_bytes, self.block_bytes)
 
     def reclaim(self, chunk_id: int) -> None:
-        """Map an idle lent chunk back into every K/V buffer (its KV contents are stale, as when free)."""
+        """Map an idle lent chunk back into every K/V buffer, zeroed: finetune bytes (weights, data) never
+        become readable through the KV pool, and the chunk reads like never-used KV memory."""
         self.ledger.reclaim(chunk_id)
         for buffer_id, block_id in enumerate(self.ledger.chunk_blocks(chunk_id)):
-            self.backend.map_blocks(self._buffer_addr(buffer_id) + chunk_id * self.block_bytes, [block_id])
+            addr = self._buffer_addr(buffer_id) + chunk_id * self.block_bytes
+            self.backend.map_blocks(addr, [block_id])
+            self.backend.zero(addr, self.block_bytes)
 
     def drain(self, chunk_id: int) -> bool:
         """Move every used block of lent chunk_id onto free blocks of other lent chunks (copy, then

@@ -60,6 +60,9 @@ class CudaBackend:
         self.unmap(addr, self.block_bytes)
         self.map_blocks(addr, [block_id])
 
+    def zero(self, addr: int, num_bytes: int) -> None:
+        self.byte_tensor(addr, num_bytes).zero_()
+
     def byte_tensor(self, addr: int, num_bytes: int) -> torch.Tensor:
         return torch.as_tensor(_DeviceRange(addr, num_bytes), device=self.device)
 

@@ -46,6 +46,9 @@ class HostBackend:
     def unmap(self, addr: int, num_bytes: int) -> None:
         check_host("hv_unmap", self.lib.hv_unmap(addr, num_bytes))
 
+    def zero(self, addr: int, num_bytes: int) -> None:
+        check_host("hv_zero", self.lib.hv_zero(addr, num_bytes))
+
     def byte_tensor(self, addr: int, num_bytes: int) -> torch.Tensor:
         # frombuffer keeps the ctypes array alive as the tensor's base; the mapping outlives both.
         return torch.frombuffer((ctypes.c_uint8 * num_bytes).from_address(addr), dtype=torch.uint8)

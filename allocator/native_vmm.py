@@ -30,6 +30,7 @@ _HOST_SIGNATURES = {
     "hv_unmap": [_u64, _u64],
     "hv_map_blocks": [_u64, _u64, _i64, _u64_p, _i64],
     "hv_page_bytes": [_u64_p],
+    "hv_zero": [_u64, _u64],
 }
 _CUDA_SIGNATURES = {
     "hc_init": [ctypes.c_int],

@@ -47,6 +47,7 @@ class UnifiedAllocator:
         self.small_pool = SmallPool(self.backend, range(first_small, first_small + config.num_small_pool_blocks))
         self.kv_slots: KvSlots | None = None
         self.shrink_one_layer: Callable[[], bool] | None = None
+        self.kv_demand_slots = 0
         self.num_reclaimed_chunks = 0
         self.num_shrink_calls = 0
 
@@ -62,6 +63,18 @@ class UnifiedAllocator:
         return self.config.reserve_slots
 
     @property
+    def kv_floor_slots(self) -> int:
+        """Free KV slots lending never goes under and reclaim restores: the reserve plus what decode
+        asked for this step (set_kv_demand)."""
+        return self.config.reserve_slots + self.kv_demand_slots
+
+    def set_kv_demand(self, num_slots: int) -> None:
+        """KV slots decode needs beyond the reserve before its next step (queued requests, batch growth)."""
+        if num_slots < 0:
+            raise HarvestError(f"KV demand must be >= 0 slots, got {num_slots}")
+        self.kv_demand_slots = num_slots
+
+    @property
     def reserve_bytes(self) -> int:
         return self.config.reserve_bytes
 
@@ -74,7 +87,7 @@ class UnifiedAllocator:
                 break
             # slots_per_chunk bounds the slots a (possibly partial last) chunk takes out of circulation.
             slots_after = self.kv_slots.available_size() - self.config.slots_per_chunk
-            if slots_after < self.reserve_slots:
+            if slots_after < self.kv_floor_slots:
                 break
             self.kv_slots.withdraw_chunk(chunk_id)
             self.chunk_pool.lend(chunk_id)
@@ -82,11 +95,14 @@ class UnifiedAllocator:
         return num_lent
 
     def alloc_tensor(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        """Under one block (and within a buddy root): the small pool. Otherwise lent blocks, lending
-        more chunks if needed."""
+        """Under one block (and within a buddy root): the small pool while it has room. Otherwise lent
+        blocks, lending more chunks if needed; OutOfLentMemory when KV can spare none."""
         num_bytes = tensor_bytes(shape, dtype)
         if self.small_pool.takes(num_bytes):
-            return self.small_pool.alloc_tensor(shape, dtype)
+            try:
+                return self.small_pool.alloc_tensor(shape, dtype)
+            except OutOfLentMemory:
+                pass
         try:
             return self.chunk_pool.alloc_tensor(shape, dtype)
         except OutOfLentMemory:
@@ -114,7 +130,7 @@ class UnifiedAllocator:
         return len(idle)
 
     def maybe_reclaim(self, allow_drain: bool = False) -> int:
-        """Call once per decode step: while free KV slots are under the reserve, return an idle lent
+        """Call once per decode step: while free KV slots are under the floor, return an idle lent
         chunk, else drain the least-used one into free blocks of the others, else ask the finetune
         side to shrink by one layer - once per call, so decode waits on at most one shrink. Returns
         chunks handed back to KV. allow_drain only where no finetune work is touching its tensors
@@ -123,7 +139,7 @@ class UnifiedAllocator:
         num_returned = 0
         asked = False
         ledger = self.chunk_pool.ledger
-        while self.kv_slots.available_size() < self.reserve_slots and ledger.lent_chunk_ids():
+        while self.kv_slots.available_size() < self.kv_floor_slots and ledger.lent_chunk_ids():
             if not ledger.idle_chunk_ids() and allow_drain:
                 least_used = min(ledger.lent_chunk_ids(), key=lambda c: (len(ledger.used_blocks_of(c)), -c))
                 self.chunk_pool.drain(least_used)
@@ -149,7 +165,7 @@ class UnifiedAllocator:
         num_lent = len(ledger.lent_chunk_ids())
         chunk_bytes = self.config.blocks_per_chunk * self.config.block_bytes
         lent_bytes = num_lent * chunk_bytes
-        reserved_chunks = -(-self.reserve_slots // self.config.slots_per_chunk)
+        reserved_chunks = -(-self.kv_floor_slots // self.config.slots_per_chunk)
         num_kv = self.config.num_chunks - num_lent
         used_bytes = ledger.num_used_blocks * self.config.block_bytes
         fragmentation_bytes = used_bytes - self.chunk_pool.requested_bytes
@@ -168,6 +184,7 @@ class UnifiedAllocator:
             "fragmentation_bytes": fragmentation_bytes,
             "fragmentation_pct": 100.0 * fragmentation_bytes / lent_bytes if lent_bytes else 0.0,
             "reserve_bytes": self.reserve_bytes,
+            "kv_demand_slots": self.kv_demand_slots,
             "small_pool_bytes": self.small_pool.num_bytes,
             "small_pool_used_bytes": self.small_pool.used_bytes,
             "num_reclaimed_chunks": self.num_reclaimed_chunks,

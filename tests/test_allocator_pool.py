@@ -386,3 +386,62 @@ def test_syscall_failures_surface_as_errors_naming_the_call():
 def test_config_rejects_bad_values_with_a_message(fields):
     with pytest.raises(HarvestError):
         small_config(**fields)
+
+
+def test_a_reclaimed_chunk_comes_back_zeroed():
+    """Pins zero-on-reclaim: a chunk lent, filled with finetune bytes and returned reads as zeros through
+    every K and V buffer, while KV rows of other chunks keep their bytes."""
+    config = small_config()
+    allocator, slots, k_buffer, v_buffer = build(config)
+    try:
+        live = slots.alloc(10)
+        for buffer in k_buffer + v_buffer:
+            buffer[live] = 3.0
+        chunk_id = allocator.kv_slots.lendable_chunk_ids()[0]
+        allocator.lend_chunks(1)
+        tensor = allocator.alloc_tensor((config.blocks_per_chunk * config.block_bytes,), torch.uint8)
+        tensor.fill_(0xAB)
+        allocator.free_tensor(tensor)
+        assert allocator.return_idle_chunks() == 1
+        rows = slice(chunk_id * config.slots_per_chunk, (chunk_id + 1) * config.slots_per_chunk)
+        for buffer in k_buffer + v_buffer:
+            assert bool((buffer[rows] == 0).all())
+            assert bool((buffer[live] == 3.0).all())
+    finally:
+        allocator.close()
+
+
+def test_small_allocations_fall_back_to_lent_blocks_when_the_small_pool_is_full_or_absent():
+    """With no small pool (size 0, the default) or a full one, an allocation under one block takes lent
+    blocks instead of failing."""
+    for small_pool_bytes in (0, 16384):
+        allocator, _, _, _ = build(small_config(small_pool_bytes=small_pool_bytes))
+        try:
+            tensors = [allocator.alloc_tensor((1000,), torch.float32) for _ in range(5)]
+            stats = allocator.stats()
+            assert stats["chunks_lent"] == 1
+            assert stats["small_pool_used_bytes"] == min(small_pool_bytes, 4 * 4096)
+            for tensor in tensors:
+                allocator.free_tensor(tensor)
+        finally:
+            allocator.close()
+
+
+def test_kv_demand_raises_the_floor_for_lending_and_reclaim():
+    """Requests waiting for KV count on top of the reserve: lending stops above reserve + demand, and a
+    demand that grows after lending makes maybe_reclaim hand chunks back."""
+    config = small_config(release_ms=20.0, tpot_target_ms=50.0, max_batch=64)
+    allocator, slots, _, _ = build(config)
+    try:
+        allocator.set_kv_demand(3 * config.slots_per_chunk)
+        allocator.lend_chunks(config.num_chunks)
+        assert slots.available_size() >= allocator.kv_floor_slots == config.reserve_slots + 3 * config.slots_per_chunk
+        num_lent = allocator.stats()["chunks_lent"]
+        allocator.set_kv_demand(5 * config.slots_per_chunk)
+        assert allocator.maybe_reclaim() >= 1
+        assert slots.available_size() >= allocator.kv_floor_slots
+        assert allocator.stats()["chunks_lent"] < num_lent
+        with pytest.raises(HarvestError, match="KV demand"):
+            allocator.set_kv_demand(-1)
+    finally:
+        allocator.close()

@@ -62,6 +62,13 @@ int hv_map_blocks(uint64_t addr, uint64_t block_bytes, int64_t handle, const uin
     return 0;
 }
 
+/* Zeroes a mapped range by dropping its memfd pages (MADV_REMOVE): the next access reads fresh zero pages.
+ * Costs page-table work, not a memset of the range. */
+int hv_zero(uint64_t addr, uint64_t num_bytes) {
+    CHECK_SYS(madvise((void *)(uintptr_t)addr, num_bytes, MADV_REMOVE));
+    return 0;
+}
+
 int hv_page_bytes(uint64_t *out) {
     long page = sysconf(_SC_PAGESIZE);
     CHECK_SYS(page);
