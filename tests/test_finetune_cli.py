@@ -15,14 +15,7 @@ from harvest.cli.main import main
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # Measured on the shared 2-core host: a 3-step tiny-Llama run took 0.8 s with 1 torch thread and
-    # 16-30 s with 2 while other processes were busy (OpenMP threads spin against each other).
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_finetune_cli_trains_logs_and_writes_a_peft_adapter(tmp_path, capsys):
@@ -89,3 +82,25 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert saved.keys() == expected.keys()
     for key, weight in expected.items():
         torch.testing.assert_close(saved[key], weight, rtol=1e-5, atol=1e-7)
+
+
+def test_resume_of_a_finished_job_says_so_and_each_run_closes_once(tmp_path, capsys, monkeypatch):
+    """Pins two finish-line bugs: `--resume` of a finished job formatted its None loss with :.4f (TypeError),
+    and a finished run wrote its final checkpoint and adapter twice (the engine closed itself, then the CLI
+    closed it again). Forced by counting FinetuneEngine.close calls over a run to the end and a --resume."""
+    from harvest.finetune import FinetuneEngine
+
+    closed_at_steps = []
+    close = FinetuneEngine.close
+    monkeypatch.setattr(FinetuneEngine, "close", lambda self: closed_at_steps.append(self.global_step) or close(self))
+    argv = ["finetune", str(write_tiny_job(tmp_path, max_steps=2)), "--output-dir", str(tmp_path / "out"), "--quiet"]
+    assert main(argv) == 0
+    assert closed_at_steps == [2]
+    adapter = load_file(tmp_path / "out" / "adapter_model.safetensors")
+    capsys.readouterr()
+
+    assert main(argv + ["--resume"]) == 0
+    assert "already finished at step 2" in capsys.readouterr().err
+    assert closed_at_steps == [2, 2]
+    resumed_adapter = load_file(tmp_path / "out" / "adapter_model.safetensors")
+    assert all(torch.equal(resumed_adapter[key], weight) for key, weight in adapter.items())

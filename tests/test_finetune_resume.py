@@ -16,14 +16,7 @@ from harvest.finetune import FinetuneConfig, FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # Measured on the shared 2-core host: a 3-step tiny-Llama run took 0.8 s with 1 torch thread and
-    # 16-30 s with 2 while other processes were busy (OpenMP threads spin against each other).
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 MAX_STEPS = 5
@@ -100,6 +93,8 @@ def test_kill_then_resume_loses_only_the_steps_since_the_last_checkpoint(tmp_pat
     assert_same_weights(resumed.lora_state_dict(), reference[1])
     logged = [json.loads(line) for line in (output_dir / "finetune_log.jsonl").read_text().splitlines()]
     assert [record["step"] for record in logged] == list(range(1, MAX_STEPS + 1))
+    assert not (output_dir / f"checkpoint-{MAX_STEPS}").exists()  # the last step is close()'s to save
+    resumed.close()
     assert (output_dir / f"checkpoint-{MAX_STEPS}").is_dir()
 
 

@@ -14,13 +14,7 @@ from harvest.finetune.demo.tiny_job import write_tiny_job
 NUM_LAYERS = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # See test_finetune_equivalence.py: 1 torch thread is 20x faster than 2 on the busy shared host.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +66,21 @@ def test_finished_engine_refuses_more_units(job_path):
     assert engine.is_finished and not engine.has_ready_work() and engine.stats()["state"] == "finished"
     with pytest.raises(RuntimeError, match="finished"):
         engine.run_next_unit()
+
+
+def test_the_colocation_job_closes_a_finished_engine_once(job_path, monkeypatch):
+    """Pins that the final checkpoint and adapter are written once: the engine used to close itself at its
+    last step and FinetuneJob closed it again. Forced by counting close calls over a job run to the end."""
+    from harvest.colocation.finetune_job import FinetuneJob, FinetuneSpec
+
+    closed_at_steps = []
+    close = FinetuneEngine.close
+    monkeypatch.setattr(FinetuneEngine, "close", lambda self: closed_at_steps.append(self.global_step) or close(self))
+    job = FinetuneJob(FinetuneSpec(str(job_path)))
+    job.start()
+    assert job.wait_built(timeout_s=120) and job.state.value == "running", job.error
+    while job.can_run_unit():
+        job.run_unit()
+    assert job.state.value == "finished", job.error
+    assert closed_at_steps == [3]
+    assert (job.engine.job.output_dir / "adapter_model.safetensors").is_file()

@@ -66,17 +66,26 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         engine = FinetuneEngine.from_yaml(args.config, parse_overrides(args), config, model_path=args.model_path)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    was_finished = engine.is_finished
     try:
         _train(engine, show_progress=not args.quiet)
     except KeyboardInterrupt:
-        checkpoint = engine.save_checkpoint()
+        checkpoint = engine.close()
         print(f"interrupted at step {engine.global_step}; checkpoint {checkpoint}", file=sys.stderr)
         return 130
+    # On --resume of a finished job this rewrites the same checkpoint and adapter: a kill between the two
+    # writes of the first close() can leave an adapter of an earlier run in output_dir.
+    engine.close()
+    output_dir = engine.job.output_dir
+    log_path = output_dir / engine.config.log_name
+    if was_finished:
+        print(f"already finished at step {engine.global_step}; adapter in {output_dir}, log {log_path}",
+              file=sys.stderr)
+        return 0
     stats = engine.stats()
-    log_path = engine.job.output_dir / engine.config.log_name
     print(
         f"finished {stats['step']} steps: loss {stats['loss']:.4f}, {stats['mean_tokens_per_s']:.0f} tokens/s; "
-        f"adapter in {engine.job.output_dir}, log {log_path}",
+        f"adapter in {output_dir}, log {log_path}",
         file=sys.stderr,
     )
     return 0

@@ -201,7 +201,11 @@ class FinetuneEngine:
         return self._store.save(self.peft_model, self.global_step, position, train_state)
 
     def close(self) -> Path:
-        """Shutdown: checkpoint, and when finished also write the adapter into output_dir like LlamaFactory."""
+        """Shutdown: checkpoint, and when finished also write the adapter into output_dir like LlamaFactory.
+
+        The engine never calls this itself: whoever drives it (`harvest finetune`, the co-location job)
+        closes it once, after the last step or to stop.
+        """
         checkpoint = self.save_checkpoint()
         if self.is_finished:
             self.peft_model.save_pretrained(self.job.output_dir)
@@ -337,10 +341,10 @@ class FinetuneEngine:
         with self._log_path.open("a") as log:
             log.write(json.dumps(record) + "\n")
         is_epoch_end = self._update_step == self.recipe.num_update_steps_per_epoch
-        if self.is_finished:
-            self.close()
-        elif (self.recipe.save_every_steps and self.global_step % self.recipe.save_every_steps == 0) or (
-            self.recipe.save_each_epoch and is_epoch_end
+        # The last step's checkpoint and the adapter are close()'s, which the caller runs once when finished.
+        if not self.is_finished and (
+            (self.recipe.save_every_steps and self.global_step % self.recipe.save_every_steps == 0)
+            or (self.recipe.save_each_epoch and is_epoch_end)
         ):
             self.save_checkpoint()
 
