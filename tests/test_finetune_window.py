@@ -12,14 +12,7 @@ from harvest.finetune import FinetuneConfig, FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # Measured on the shared 2-core host: a 3-step tiny-Llama run took 0.8 s with 1 torch thread and
-    # 16-30 s with 2 while other processes were busy (OpenMP threads spin against each other).
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 NUM_LAYERS = 4
