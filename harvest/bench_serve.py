@@ -1,0 +1,280 @@
+"""`harvest bench serve`: harvest's decode worker with finetuning off vs a plain SGLang decode worker.
+
+Both workers run at once on the same model with the same SGLang flags: `harvest serve` (no --finetune) and
+`python -m sglang.launch_server` given exactly the argv harvest builds for SGLang (`build_sglang_argv`, so
+the CPU defaults and `--disaggregation-transfer-backend fake` match). Each round sends one fixed workload,
+`num_requests` concurrent pre-filled requests of the same prompt and output length, to one worker and then
+to the other, alternating which goes first, so slow drifts of a shared host hit both alike; the worker not
+being measured gets no request.
+
+Per-step latency is measured from the client, because plain SGLang has no harvest hook: every request is
+streamed and each chunk's arrival time and `completion_tokens` are recorded. A gap between two chunks
+divided by the tokens it brought is one step interval (the decode loop's cadence: forward, sampling,
+output to the detokenizer, the scheduler's own loop). Why gaps, not end-to-end latency / tokens: the
+first token's wait (bootstrap, pre-allocation, queueing) and the ragged start and end of the batch are cut
+away by dropping each request's first chunk and its first and last EDGE_GAPS gaps, so what is left are
+steps at the full batch size, identical in both workers; dividing by tokens keeps a chunk that carries two
+tokens (the HTTP side fell behind) from counting as one long step and one empty one. Each round's median
+gap is robust to the odd stall of a 2-core machine shared with other jobs, and the reported ratio is the
+median over rounds of (harvest median / plain median) from back-to-back pairs. The end-to-end figure
+(`tpot_ms_p50`: a request's decode span / its tokens) sits beside it as a cross-check, and for harvest the
+worker's own step hook (/harvest/steps) gives the true step count and the in-process step time.
+
+SGLang's scheduler polls its sockets without sleeping when idle, so an idle worker keeps a core busy; on a
+2-core host that takes half the machine from the worker being measured. `--sleep-on-idle` (SGLang's flag,
+given to both) makes the idle one block in zmq poll instead; `--busy-idle` leaves SGLang's default.
+"""
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import random
+import shlex
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from harvest.worker_client import prefilled_request
+from harvest.worker_process import WorkerProcess
+
+TARGET_RATIO = 1.02
+EDGE_GAPS = 4  # requests join and leave the batch over a few scheduler loops
+WORKERS = ("harvest", "plain")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--model-path", default=None, help="local HF model dir (default: embedded SmolLM2-135M)")
+    model.add_argument("--tiny", action="store_true", help="a tiny random Llama built under --log-dir (quick check)")
+    parser.add_argument("--num-requests", type=int, default=8, help="concurrent requests per round (batch size)")
+    parser.add_argument("--prompt-len", type=int, default=128, help="pre-filled prompt tokens per request")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens decoded per request")
+    parser.add_argument("--rounds", type=int, default=8, help="measured rounds; each sends the workload to both")
+    parser.add_argument("--warmup-rounds", type=int, default=1, help="unmeasured rounds first")
+    parser.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool tokens (SGLang flag)")
+    parser.add_argument("--busy-idle", action="store_true",
+                        help="leave SGLang's busy-polling idle loop on (default: --sleep-on-idle for both)")
+    parser.add_argument("--sglang-flags", default="", help="more SGLang flags for both workers, one string")
+    parser.add_argument("--log-dir", default="runs/bench-serve", help="worker logs (and the tiny model)")
+    parser.add_argument("--start-timeout-s", type=float, default=600.0)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from harvest.models import resolve_model_path
+    from harvest.native.cuda_driver import ensure_driver_or_stub
+    from harvest.worker_launcher import CPU_ENGINE_ENV, build_sglang_argv
+
+    if args.num_requests < 1 or args.rounds < 1 or args.max_new_tokens <= 2 * EDGE_GAPS + 1:
+        raise ValueError(f"need --num-requests >= 1, --rounds >= 1, --max-new-tokens > {2 * EDGE_GAPS + 1}")
+    log_dir = Path(args.log_dir)
+    if args.tiny:
+        from harvest.models.tiny_llama import build_tiny_llama
+
+        model_path = build_tiny_llama(log_dir / "tiny-llama")
+    else:
+        model_path = resolve_model_path(args.model_path)
+    is_cpu_host = ensure_driver_or_stub()  # puts the stub's folder on LD_LIBRARY_PATH for both children
+    flags = ["--max-total-tokens", str(args.max_total_tokens), *shlex.split(args.sglang_flags)]
+    if not args.busy_idle:
+        flags.append("--sleep-on-idle")
+    plain_argv = build_sglang_argv(str(model_path), flags, is_cpu_host)
+    env = CPU_ENGINE_ENV if is_cpu_host else None
+    ports = _free_ports(3)
+    workers = {
+        "harvest": WorkerProcess(["--model-path", str(model_path), *flags], ports[0], ports[1],
+                                 log_dir / "harvest.log", env=env),
+        "plain": WorkerProcess(plain_argv, ports[2], 0, log_dir / "plain.log",
+                               command=[sys.executable, "-m", "sglang.launch_server"], env=env),
+    }
+    load_start = os.getloadavg()[0]
+    try:
+        for worker in workers.values():  # one at a time: start-up is the heaviest thing either does
+            worker.start(args.start_timeout_s)
+        result = _measure(workers, args)
+    finally:
+        for worker in workers.values():
+            worker.stop()
+    return {
+        **result,
+        "target_ratio": TARGET_RATIO,
+        "meets_target": result["ratio_step_ms_p50"] <= TARGET_RATIO,
+        "workload": {"num_requests": args.num_requests, "prompt_len": args.prompt_len,
+                     "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+                     "warmup_rounds": args.warmup_rounds, "edge_gaps_dropped": EDGE_GAPS},
+        "model_path": str(model_path),
+        "sglang_argv": shlex.join(plain_argv),
+        "device": _device_name(is_cpu_host),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_avg_1m_start": round(load_start, 2),
+        "load_avg_1m_end": round(os.getloadavg()[0], 2),
+        "command": _command(args),
+    }
+
+
+def _measure(workers: dict[str, WorkerProcess], args: argparse.Namespace) -> dict:
+    workload = Workload(args.num_requests, args.prompt_len, args.max_new_tokens)
+    for _ in range(args.warmup_rounds):
+        for worker in workers.values():
+            asyncio.run(workload.send(worker.url))
+    hook_since = _last_hook_seq(workers["harvest"].admin_url)
+    rounds = {name: [] for name in WORKERS}  # per round: (gaps_ms, tpot_ms per request, timed steps, tokens)
+    for r in range(args.rounds):
+        for name in (WORKERS if r % 2 == 0 else WORKERS[::-1]):
+            rounds[name].append(asyncio.run(workload.send(workers[name].url)))
+    hook_steps = _hook_steps_since(workers["harvest"].admin_url, hook_since)
+    per_round_ratios = [statistics.median(h.gaps_ms) / statistics.median(p.gaps_ms)
+                        for h, p in zip(rounds["harvest"], rounds["plain"])]
+    summary = {name: _summarize(rounds[name]) for name in WORKERS}
+    decode_hook = [s for s in hook_steps if s["batch_size"] == args.num_requests]
+    summary["harvest"]["hook_num_steps"] = len(hook_steps)
+    summary["harvest"]["hook_step_ms_p50_full_batch"] = (
+        round(statistics.median(s["latency_ms"] for s in decode_hook), 3) if decode_hook else None)
+    return {
+        "ratio_step_ms_p50": round(statistics.median(per_round_ratios), 4),
+        "ratio_step_ms_p50_pooled": round(summary["harvest"]["step_ms_p50"] / summary["plain"]["step_ms_p50"], 4),
+        "ratio_tpot_ms_p50": round(summary["harvest"]["tpot_ms_p50"] / summary["plain"]["tpot_ms_p50"], 4),
+        "per_round_ratios": [round(x, 4) for x in per_round_ratios],
+        **summary,
+    }
+
+
+class RoundResult:
+    __slots__ = ("gaps_ms", "tpot_ms", "num_timed_steps", "num_tokens")
+
+    def __init__(self, gaps_ms: list[float], tpot_ms: list[float], num_timed_steps: int, num_tokens: int):
+        self.gaps_ms = gaps_ms
+        self.tpot_ms = tpot_ms
+        self.num_timed_steps = num_timed_steps
+        self.num_tokens = num_tokens
+
+
+class Workload:
+    """`num_requests` concurrent streamed requests, same prompt length and output length, fresh rooms."""
+
+    def __init__(self, num_requests: int, prompt_len: int, max_new_tokens: int):
+        self.num_requests = num_requests
+        self.prompt_len = prompt_len
+        self.max_new_tokens = max_new_tokens
+        self._next_room = 1
+
+    async def send(self, url: str) -> RoundResult:
+        rooms = range(self._next_room, self._next_room + self.num_requests)
+        self._next_room += self.num_requests
+        async with httpx.AsyncClient(timeout=600) as client:
+            streams = await asyncio.gather(*(self._stream(client, url, i, room) for i, room in enumerate(rooms)))
+        gaps_ms, tpot_ms, num_timed_steps, num_tokens = [], [], 0, 0
+        for chunks in streams:
+            per_token = _per_token_gaps_ms(chunks)
+            kept = per_token[EDGE_GAPS:len(per_token) - EDGE_GAPS]
+            gaps_ms += kept
+            num_timed_steps = max(num_timed_steps, len(kept))
+            num_tokens += chunks[-1][1]
+            if chunks[-1][1] > chunks[0][1]:
+                tpot_ms.append((chunks[-1][0] - chunks[0][0]) * 1e3 / (chunks[-1][1] - chunks[0][1]))
+        if not gaps_ms:
+            raise RuntimeError(f"{url}: no token gaps measured; is --max-new-tokens larger than {2 * EDGE_GAPS}?")
+        return RoundResult(gaps_ms, tpot_ms, num_timed_steps, num_tokens)
+
+    async def _stream(self, client: httpx.AsyncClient, url: str, index: int, room: int) -> list[tuple[float, int]]:
+        """(arrival time s, completion tokens so far) per streamed chunk."""
+        # Distinct prompts of one length: no request shares a prefix with another.
+        input_ids = [3 + (index * 7 + k) % 97 for k in range(self.prompt_len)]
+        body = {**prefilled_request(input_ids, self.max_new_tokens, room), "stream": True}
+        chunks = []
+        async with client.stream("POST", f"{url}/generate", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                now = time.perf_counter()
+                chunks.append((now, json.loads(line[5:])["meta_info"]["completion_tokens"]))
+        if not chunks or chunks[-1][1] != self.max_new_tokens:
+            raise RuntimeError(f"{url}: request {room} returned {chunks[-1][1] if chunks else 0} tokens, "
+                               f"expected {self.max_new_tokens}")
+        return chunks
+
+
+def _per_token_gaps_ms(chunks: list[tuple[float, int]]) -> list[float]:
+    """One entry per token after the first chunk: a chunk with n tokens spreads its gap over n entries."""
+    gaps = []
+    for (t0, n0), (t1, n1) in zip(chunks, chunks[1:]):
+        if n1 > n0:
+            gaps += [(t1 - t0) * 1e3 / (n1 - n0)] * (n1 - n0)
+    return gaps
+
+
+def _summarize(rounds: list[RoundResult]) -> dict:
+    gaps = sorted(g for r in rounds for g in r.gaps_ms)
+    return {
+        "step_ms_p50": round(statistics.median(gaps), 3),
+        "step_ms_p90": round(gaps[int(0.9 * (len(gaps) - 1))], 3),
+        "step_ms_p50_per_round": [round(statistics.median(r.gaps_ms), 3) for r in rounds],
+        "tpot_ms_p50": round(statistics.median(t for r in rounds for t in r.tpot_ms), 3),
+        "num_timed_steps": sum(r.num_timed_steps for r in rounds),
+        "num_token_gaps": len(gaps),
+        "num_tokens": sum(r.num_tokens for r in rounds),
+    }
+
+
+def _last_hook_seq(admin_url: str) -> int:
+    return httpx.get(f"{admin_url}/harvest/stats", timeout=10).json()["decode"]["decode_steps"]
+
+
+def _hook_steps_since(admin_url: str, seq: int) -> list[dict]:
+    steps = []
+    while True:
+        records = httpx.get(f"{admin_url}/harvest/steps", params={"since": seq, "limit": 1000},
+                            timeout=10).json()["steps"]
+        if not records:
+            return steps
+        steps += records
+        seq = records[-1]["seq"]
+
+
+def _free_ports(count: int) -> list[int]:
+    """Distinct free ports below 40000: SGLang derives side ports (gRPC = port + 3000) that must stay valid."""
+    ports = []
+    for port in random.sample(range(20000, 37000), 400):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if all(abs(port - p) > 10 for p in ports):
+            ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError("no free ports in 20000-37000")
+
+
+def _device_name(is_cpu_host: bool) -> str:
+    from harvest.profiler.host_facts import cpu_model_name
+
+    cpu = f"{cpu_model_name()}, {os.cpu_count()} cores"
+    if is_cpu_host:
+        return cpu
+    import torch
+
+    return f"GPU: {torch.cuda.get_device_name(0)} ({cpu})"
+
+
+def _command(args: argparse.Namespace) -> str:
+    argv = ["harvest", "bench", "serve"]
+    if args.tiny:
+        argv.append("--tiny")
+    elif args.model_path:
+        argv += ["--model-path", args.model_path]
+    argv += ["--num-requests", str(args.num_requests), "--prompt-len", str(args.prompt_len),
+             "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(args.rounds),
+             "--warmup-rounds", str(args.warmup_rounds), "--max-total-tokens", str(args.max_total_tokens)]
+    if args.busy_idle:
+        argv.append("--busy-idle")
+    if args.sglang_flags:
+        argv += ["--sglang-flags", args.sglang_flags]
+    return shlex.join(argv)

@@ -1,0 +1,43 @@
+"""`harvest bench serve` on the tiny model: both workers start, decode the same streamed workload, and the
+JSON has per-worker step latencies and a finite ratio. The 1.02 target is the benchmark's to check on the
+embedded model (eval/README.md), not a timed unit test's."""
+
+import argparse
+import math
+
+import pytest
+
+from harvest import bench_serve
+
+pytestmark = pytest.mark.sglang
+
+NUM_REQUESTS = 2
+MAX_NEW_TOKENS = 16
+ROUNDS = 2
+
+
+def test_bench_serve_measures_both_workers_on_the_same_workload(tiny_model_dir, tmp_path):
+    parser = argparse.ArgumentParser()
+    bench_serve.add_arguments(parser)
+    args = parser.parse_args(["--model-path", str(tiny_model_dir), "--num-requests", str(NUM_REQUESTS),
+                              "--max-new-tokens", str(MAX_NEW_TOKENS), "--prompt-len", "16",
+                              "--rounds", str(ROUNDS), "--max-total-tokens", "4096",
+                              "--log-dir", str(tmp_path)])
+
+    result = bench_serve.run(args)
+
+    for name in ("harvest", "plain"):
+        worker = result[name]
+        assert worker["num_tokens"] == ROUNDS * NUM_REQUESTS * MAX_NEW_TOKENS
+        assert worker["num_timed_steps"] > 0 and worker["num_token_gaps"] >= worker["num_timed_steps"]
+        assert 0 < worker["step_ms_p50"] <= worker["step_ms_p90"]
+        assert worker["tpot_ms_p50"] > 0
+        assert len(worker["step_ms_p50_per_round"]) == ROUNDS
+    assert len(result["per_round_ratios"]) == ROUNDS
+    for key in ("ratio_step_ms_p50", "ratio_step_ms_p50_pooled", "ratio_tpot_ms_p50"):
+        assert math.isfinite(result[key]) and result[key] > 0
+    assert result["meets_target"] == (result["ratio_step_ms_p50"] <= result["target_ratio"])
+    # harvest's own step hook saw the measured rounds: at least one step per token of the longest request.
+    assert result["harvest"]["hook_num_steps"] >= ROUNDS * MAX_NEW_TOKENS
+    assert "--disaggregation-mode decode" in result["sglang_argv"]
+    assert result["device"] and result["date"] and result["command"].startswith("harvest bench serve")
