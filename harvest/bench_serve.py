@@ -18,7 +18,9 @@ tokens (the HTTP side fell behind) from counting as one long step and one empty 
 gap is robust to the odd stall of a 2-core machine shared with other jobs, and the reported ratio is the
 median over rounds of (harvest median / plain median) from back-to-back pairs. The end-to-end figure
 (`tpot_ms_p50`: a request's decode span / its tokens) sits beside it as a cross-check, and for harvest the
-worker's own step hook (/harvest/steps) gives the true step count and the in-process step time.
+worker's own step hook (/harvest/steps) gives the true step count and its own step time. That time runs from
+a batch's `run_batch` to its `process_batch_result`; under SGLang's overlap scheduler the next batch is
+launched in between, so where launching is synchronous (CPU) it spans about two steps.
 
 SGLang's scheduler polls its sockets without sleeping when idle, so an idle worker keeps a core busy; on a
 2-core host that takes half the machine from the worker being measured. `--sleep-on-idle` (SGLang's flag,
@@ -63,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sglang-flags", default="", help="more SGLang flags for both workers, one string")
     parser.add_argument("--log-dir", default="runs/bench-serve", help="worker logs (and the tiny model)")
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
+    parser.add_argument("--timeline-out", default=None,
+                        help="write every measured request's (arrival s, tokens) chunks here, as JSON")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -128,6 +132,9 @@ def _measure(workers: dict[str, WorkerProcess], args: argparse.Namespace) -> dic
         for name in (WORKERS if r % 2 == 0 else WORKERS[::-1]):
             rounds[name].append(asyncio.run(workload.send(workers[name].url)))
     hook_steps = _hook_steps_since(workers["harvest"].admin_url, hook_since)
+    if args.timeline_out:
+        Path(args.timeline_out).write_text(json.dumps(
+            {name: [r.timelines for r in rounds[name]] for name in WORKERS} | {"harvest_hook_steps": hook_steps}))
     per_round_ratios = [statistics.median(h.gaps_ms) / statistics.median(p.gaps_ms)
                         for h, p in zip(rounds["harvest"], rounds["plain"])]
     summary = {name: _summarize(rounds[name]) for name in WORKERS}
@@ -145,13 +152,15 @@ def _measure(workers: dict[str, WorkerProcess], args: argparse.Namespace) -> dic
 
 
 class RoundResult:
-    __slots__ = ("gaps_ms", "tpot_ms", "num_timed_steps", "num_tokens")
+    __slots__ = ("gaps_ms", "tpot_ms", "num_timed_steps", "num_tokens", "timelines")
 
-    def __init__(self, gaps_ms: list[float], tpot_ms: list[float], num_timed_steps: int, num_tokens: int):
+    def __init__(self, gaps_ms: list[float], tpot_ms: list[float], num_timed_steps: int, num_tokens: int,
+                 timelines: list[list[tuple[float, int]]]):
         self.gaps_ms = gaps_ms
         self.tpot_ms = tpot_ms
         self.num_timed_steps = num_timed_steps
         self.num_tokens = num_tokens
+        self.timelines = timelines
 
 
 class Workload:
@@ -179,7 +188,7 @@ class Workload:
                 tpot_ms.append((chunks[-1][0] - chunks[0][0]) * 1e3 / (chunks[-1][1] - chunks[0][1]))
         if not gaps_ms:
             raise RuntimeError(f"{url}: no token gaps measured; is --max-new-tokens larger than {2 * EDGE_GAPS}?")
-        return RoundResult(gaps_ms, tpot_ms, num_timed_steps, num_tokens)
+        return RoundResult(gaps_ms, tpot_ms, num_timed_steps, num_tokens, streams)
 
     async def _stream(self, client: httpx.AsyncClient, url: str, index: int, room: int) -> list[tuple[float, int]]:
         """(arrival time s, completion tokens so far) per streamed chunk."""
