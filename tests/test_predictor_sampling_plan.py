@@ -1,4 +1,5 @@
-"""SamplingPlan: few points, all on the grid and in range, fit and held-out disjoint, enough to fit."""
+"""SamplingPlan: few points, all on the grid and in range, fit and held-out disjoint, held-out inside the
+fitted range, enough to fit."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,7 +26,25 @@ def test_points_are_valid_and_split(grid, max_batch_size, max_seq_len, max_kv_to
     fit = {(p.infer_sms, p.ft_sms, p.batch_size, p.seq_len) for p in plan.fit_points}
     held_out_pairs = {(p.infer_sms, p.ft_sms) for p in plan.held_out_points if p.ft_sms}
     assert not held_out_pairs & set(plan.colo_pairs())
-    assert fit.isdisjoint({(p.infer_sms, p.ft_sms, p.batch_size, p.seq_len) for p in plan.held_out_points if p.ft_sms})
+    assert fit.isdisjoint({(p.infer_sms, p.ft_sms, p.batch_size, p.seq_len) for p in plan.held_out_points})
+    levels = plan.seq_levels()
+    for p in plan.held_out_points:
+        # Inside the fitted range: the KV cap may only shorten a shape, as it shortens fit shapes.
+        assert p.seq_len <= levels[-1]
+        if max_kv_tokens is None:
+            assert levels[0] <= p.seq_len
+
+
+def test_cpu_plan_has_the_1_2_3_series_three_lengths_and_held_out_inside():
+    """Pins the CPU profile's design: 8 batch sizes x 3 lengths, 12 held-out shapes between them."""
+    plan = SamplingPlan(PartitionGrid.from_name("cpu"), 16, 1024, 16 * (1024 + 64), num_held_out_per_partition=12)
+    assert plan.batch_sizes() == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert plan.seq_levels() == (32, 528, 1024)
+    assert len(plan.fit_points) == 24
+    held_out = plan.held_out_points
+    assert len(held_out) == 12
+    assert all(1 <= p.batch_size <= 16 and 32 <= p.seq_len <= 1024 for p in held_out)
+    assert SamplingPlan(PartitionGrid.from_name("cpu"), 10, 100).batch_sizes() == [1, 2, 3, 4, 6, 8, 10]
 
 
 def test_h100_plan_is_far_smaller_than_harli_and_fits_well():
