@@ -21,6 +21,10 @@ class FinetuneThroughput:
     unit_ms: float
     """Mean time of one finetune scheduling unit (one layer's forward or backward of a micro-batch)."""
 
+    samples_per_s_solo: float | None = None
+    """Training samples (rows of the job's micro-batches) per second with no decode running; None when the
+    profile did not record it (older profiles, synthetic ones)."""
+
     def __post_init__(self) -> None:
         if self.ft_sms < 1:
             raise HarvestError(f"finetune throughput ft_sms must be >= 1, got {self.ft_sms}")
@@ -32,6 +36,10 @@ class FinetuneThroughput:
             math.isfinite(self.tokens_per_s_colo) and self.tokens_per_s_colo >= 0
         ):
             raise HarvestError(f"finetune throughput tokens_per_s_colo must be >= 0, got {self.tokens_per_s_colo}")
+        if self.samples_per_s_solo is not None and not (
+            math.isfinite(self.samples_per_s_solo) and self.samples_per_s_solo > 0
+        ):
+            raise HarvestError(f"finetune throughput samples_per_s_solo must be > 0, got {self.samples_per_s_solo}")
 
     def to_dict(self) -> dict:
         return {
@@ -39,6 +47,7 @@ class FinetuneThroughput:
             "tokens_per_s_solo": self.tokens_per_s_solo,
             "tokens_per_s_colo": self.tokens_per_s_colo,
             "unit_ms": self.unit_ms,
+            "samples_per_s_solo": self.samples_per_s_solo,
         }
 
     @classmethod
@@ -48,6 +57,7 @@ class FinetuneThroughput:
             r.number("tokens_per_s_solo", 0.0, strict=True),
             r.optional_number("tokens_per_s_colo", 0.0),
             r.number("unit_ms", 0.0, strict=True),
+            r.optional_number("samples_per_s_solo", 0.0),
         )
         try:
             return cls(*values)

@@ -61,6 +61,26 @@ def test_cpu_profile_without_colo_or_throughput_round_trips(tmp_path):
     assert Profile.load(tmp_path / "p.json") == profile
 
 
+def test_cpu_finetune_rate_round_trips_and_feeds_the_simulator(tmp_path):
+    """Pins what `harvest profile --finetune` writes on a CPU: one whole-device entry, solo only, with
+    samples/s; FinetuneRates reads it, and profiles written before samples/s existed still load."""
+    from harvest.replay.finetune_rates import FinetuneRates
+
+    grid = PartitionGrid.from_name("cpu")
+    samples = SyntheticDevice(grid, c0_ms=40.0, b0_ms=1.0, k0_ms=1e-3).measure(SamplingPlan(grid, 8, 256).fit_points)
+    rate = FinetuneThroughput(1, 120.0, None, 35.0, samples_per_s_solo=1.5)
+    profile = Profile.build(samples, grid, device_name="cpu", model="tiny", finetune_config_id="t", samples_path="x",
+                            finetune_throughput=(rate,))
+    profile.save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json").finetune_throughput == (rate,)
+    rates = FinetuneRates.from_profile(profile)
+    assert rates.whole_device_tokens_per_s == 120.0 and rates.unit_ms == 35.0 and rates.colo_tokens_per_s is None
+    data = json.loads((tmp_path / "p.json").read_text())
+    del data["finetune_throughput"][0]["samples_per_s_solo"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert Profile.load(tmp_path / "old.json").finetune_throughput[0].samples_per_s_solo is None
+
+
 def corrupt(profile: Profile, tmp_path, edit) -> str:
     data = profile.to_dict()
     edit(data)
