@@ -2,7 +2,8 @@
 
 Both train the same YAML in this process (LlamaFactory through `run_exp`, what its CLI calls). Throughput is
 steady state: non-padding tokens of steps 2..N over the summed wall time of those steps (the data order is
-identical, so both process the same tokens). Also measured: harvest with a window of one
+identical, so both process the same tokens). A step's time is a whole loop iteration for both: batch
+loading and collation, forward/backward, optimizer, logging. Also measured: harvest with a window of one
 layer (swapping every layer every pass), how fast shrinking the window returns memory, and the largest
 relative loss difference to LlamaFactory.
 """
@@ -116,12 +117,16 @@ def _run_llamafactory(raw: dict) -> tuple[list[float], list[float]]:
 
     step_s: list[float] = []
 
+    # From one on_step_end to the next, so a step includes loading and collating its batches (the Trainer
+    # fetches them before on_step_begin) and the previous step's logging: what harvest's run_step times.
     class StepClock(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.started = time.perf_counter()
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.last_end = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            step_s.append(time.perf_counter() - self.started)
+            now = time.perf_counter()
+            step_s.append(now - self.last_end)
+            self.last_end = now
 
     run_exp(raw, callbacks=[StepClock()])
     log = Path(raw["output_dir"]) / "trainer_log.jsonl"
