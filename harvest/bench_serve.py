@@ -16,7 +16,9 @@ away by dropping each request's first chunk and its first and last EDGE_GAPS gap
 steps at the full batch size, identical in both workers; dividing by tokens keeps a chunk that carries two
 tokens (the HTTP side fell behind) from counting as one long step and one empty one. Each round's median
 gap is robust to the odd stall of a 2-core machine shared with other jobs, and the reported ratio is the
-median over rounds of (harvest median / plain median) from back-to-back pairs. The end-to-end figure
+median over rounds of (harvest median / plain median) from back-to-back pairs, with a bootstrap 95 %
+interval over rounds; `--control` puts a second plain worker in harvest's place, so the same harness
+measures its own bias and noise floor (A/A). The end-to-end figure
 (`tpot_ms_p50`: a request's decode span / its tokens) sits beside it as a cross-check, and for harvest the
 worker's own step hook (/harvest/steps) gives the true step count and its own step time. That time runs from
 a batch's `run_batch` to its `process_batch_result`; under SGLang's overlap scheduler the next batch is
@@ -47,7 +49,7 @@ from harvest.worker_process import WorkerProcess
 
 TARGET_RATIO = 1.02
 EDGE_GAPS = 4  # requests join and leave the batch over a few scheduler loops
-WORKERS = ("harvest", "plain")
+NUM_BOOTSTRAP = 2000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sglang-flags", default="", help="more SGLang flags for both workers, one string")
     parser.add_argument("--log-dir", default="runs/bench-serve", help="worker logs (and the tiny model)")
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
+    parser.add_argument("--control", action="store_true",
+                        help="A/A: a second plain SGLang worker (`plain_a`) in harvest's place; the ratio then "
+                        "measures this bench's own bias and noise")
     parser.add_argument("--timeline-out", default=None,
                         help="write every measured request's (arrival s, tokens) chunks here, as JSON")
 
@@ -90,12 +95,16 @@ def run(args: argparse.Namespace) -> dict:
     plain_argv = build_sglang_argv(str(model_path), flags, is_cpu_host)
     env = CPU_ENGINE_ENV if is_cpu_host else None
     ports = _free_ports(3)
-    workers = {
-        "harvest": WorkerProcess(["--model-path", str(model_path), *flags], ports[0], ports[1],
-                                 log_dir / "harvest.log", env=env),
-        "plain": WorkerProcess(plain_argv, ports[2], 0, log_dir / "plain.log",
-                               command=[sys.executable, "-m", "sglang.launch_server"], env=env),
-    }
+    plain_command = [sys.executable, "-m", "sglang.launch_server"]
+    if args.control:
+        tested = WorkerProcess(plain_argv, ports[0], 0, log_dir / "plain_a.log", command=plain_command, env=env)
+    else:
+        tested = WorkerProcess(["--model-path", str(model_path), *flags], ports[0], ports[1],
+                               log_dir / "harvest.log", env=env)
+    # The tested worker first, the baseline second: the ratio is tested / baseline.
+    workers = {"plain_a" if args.control else "harvest": tested,
+               "plain": WorkerProcess(plain_argv, ports[2], 0, log_dir / "plain.log", command=plain_command,
+                                      env=env)}
     load_start = os.getloadavg()[0]
     try:
         for worker in workers.values():  # one at a time: start-up is the heaviest thing either does
@@ -126,29 +135,42 @@ def _measure(workers: dict[str, WorkerProcess], args: argparse.Namespace) -> dic
     for _ in range(args.warmup_rounds):
         for worker in workers.values():
             asyncio.run(workload.send(worker.url))
-    hook_since = _last_hook_seq(workers["harvest"].admin_url)
-    rounds = {name: [] for name in WORKERS}  # per round: (gaps_ms, tpot_ms per request, timed steps, tokens)
+    names = list(workers)  # [tested, baseline]
+    is_harvest = "harvest" in workers
+    hook_since = _last_hook_seq(workers["harvest"].admin_url) if is_harvest else 0
+    rounds = {name: [] for name in names}
     for r in range(args.rounds):
-        for name in (WORKERS if r % 2 == 0 else WORKERS[::-1]):
+        for name in (names if r % 2 == 0 else names[::-1]):
             rounds[name].append(asyncio.run(workload.send(workers[name].url)))
-    hook_steps = _hook_steps_since(workers["harvest"].admin_url, hook_since)
+    hook_steps = _hook_steps_since(workers["harvest"].admin_url, hook_since) if is_harvest else []
     if args.timeline_out:
         Path(args.timeline_out).write_text(json.dumps(
-            {name: [r.timelines for r in rounds[name]] for name in WORKERS} | {"harvest_hook_steps": hook_steps}))
-    per_round_ratios = [statistics.median(h.gaps_ms) / statistics.median(p.gaps_ms)
-                        for h, p in zip(rounds["harvest"], rounds["plain"])]
-    summary = {name: _summarize(rounds[name]) for name in WORKERS}
-    decode_hook = [s for s in hook_steps if s["batch_size"] == args.num_requests]
-    summary["harvest"]["hook_num_steps"] = len(hook_steps)
-    summary["harvest"]["hook_step_ms_p50_full_batch"] = (
-        round(statistics.median(s["latency_ms"] for s in decode_hook), 3) if decode_hook else None)
+            {name: [r.timelines for r in rounds[name]] for name in names} | {"harvest_hook_steps": hook_steps}))
+    tested, baseline = names
+    per_round_ratios = [statistics.median(t.gaps_ms) / statistics.median(b.gaps_ms)
+                        for t, b in zip(rounds[tested], rounds[baseline])]
+    summary = {name: _summarize(rounds[name]) for name in names}
+    if is_harvest:
+        full_batch = [s["latency_ms"] for s in hook_steps if s["batch_size"] == args.num_requests]
+        summary["harvest"]["hook_num_steps"] = len(hook_steps)
+        summary["harvest"]["hook_step_ms_p50_full_batch"] = (
+            round(statistics.median(full_batch), 3) if full_batch else None)
     return {
         "ratio_step_ms_p50": round(statistics.median(per_round_ratios), 4),
-        "ratio_step_ms_p50_pooled": round(summary["harvest"]["step_ms_p50"] / summary["plain"]["step_ms_p50"], 4),
-        "ratio_tpot_ms_p50": round(summary["harvest"]["tpot_ms_p50"] / summary["plain"]["tpot_ms_p50"], 4),
+        "ratio_step_ms_p50_ci95": [round(x, 4) for x in _bootstrap_median_ci95(per_round_ratios)],
+        "ratio_step_ms_p50_pooled": round(summary[tested]["step_ms_p50"] / summary[baseline]["step_ms_p50"], 4),
+        "ratio_tpot_ms_p50": round(summary[tested]["tpot_ms_p50"] / summary[baseline]["tpot_ms_p50"], 4),
+        "ratio_of": f"{tested} / {baseline}",
         "per_round_ratios": [round(x, 4) for x in per_round_ratios],
         **summary,
     }
+
+
+def _bootstrap_median_ci95(values: list[float]) -> tuple[float, float]:
+    """Percentile bootstrap over rounds: how far the median ratio could move on this host's noise alone."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(NUM_BOOTSTRAP))
+    return medians[int(0.025 * NUM_BOOTSTRAP)], medians[int(0.975 * NUM_BOOTSTRAP) - 1]
 
 
 class RoundResult:
@@ -284,6 +306,8 @@ def _command(args: argparse.Namespace) -> str:
              "--warmup-rounds", str(args.warmup_rounds), "--max-total-tokens", str(args.max_total_tokens)]
     if args.busy_idle:
         argv.append("--busy-idle")
+    if args.control:
+        argv.append("--control")
     if args.sglang_flags:
         argv += ["--sglang-flags", args.sglang_flags]
     return shlex.join(argv)

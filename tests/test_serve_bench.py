@@ -36,6 +36,9 @@ def test_bench_serve_measures_both_workers_on_the_same_workload(tiny_model_dir, 
     assert len(result["per_round_ratios"]) == ROUNDS
     for key in ("ratio_step_ms_p50", "ratio_step_ms_p50_pooled", "ratio_tpot_ms_p50"):
         assert math.isfinite(result[key]) and result[key] > 0
+    low, high = result["ratio_step_ms_p50_ci95"]
+    assert low <= result["ratio_step_ms_p50"] <= high
+    assert result["ratio_of"] == "harvest / plain"
     assert result["meets_target"] == (result["ratio_step_ms_p50"] <= result["target_ratio"])
     # harvest's own step hook saw the measured rounds: at least one step per token of the longest request.
     assert result["harvest"]["hook_num_steps"] >= ROUNDS * MAX_NEW_TOKENS
