@@ -36,6 +36,13 @@ def test_fit_then_eval(sample_files, capsys):
     assert result["n"] == result["solo"]["n"] + result["colo"]["n"]
     assert 0 < result["solo"]["mape"] <= result["solo"]["max_ape"] < 10
     assert 0 < result["colo"]["mape"] <= result["colo"]["max_ape"] < 10
+    assert "residuals" not in result
+    assert main(["predictor", "eval", "--profile", str(out), "--samples", str(sample_files / "held.csv"),
+                 "--residuals"]) == 0
+    residuals = json.loads(capsys.readouterr().out)["residuals"]
+    assert len(residuals) == result["n"]
+    assert max(abs(r["error_pct"]) for r in residuals) == pytest.approx(
+        max(result["solo"]["max_ape"], result["colo"]["max_ape"]), abs=0.01)
 
 
 def test_bad_input_is_one_line_and_exit_2(sample_files, tmp_path, capsys):

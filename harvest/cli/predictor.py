@@ -27,6 +27,8 @@ def add_parser(subparsers) -> None:
     evaluate = actions.add_parser("eval", help="print the profile's prediction error on a samples CSV as JSON")
     evaluate.add_argument("--profile", required=True)
     evaluate.add_argument("--samples", required=True)
+    evaluate.add_argument("--residuals", action="store_true",
+                          help="also list every sample's measured and predicted latency (look for a pattern by shape)")
     parser.set_defaults(func=run)
 
 
@@ -38,8 +40,17 @@ def run(args: argparse.Namespace) -> int:
         samples = load_samples(args.samples)
         solo, colo = profile.latency_model.score(samples)
         result = {"n": len(samples), "solo": solo.to_dict(), "colo": colo.to_dict()}
+        if args.residuals:
+            result["residuals"] = [_residual(profile, s) for s in samples]
     print(json.dumps(result))
     return 0
+
+
+def _residual(profile: Profile, s: Sample) -> dict:
+    predicted_ms = profile.latency_model.predict_sample_ms(s)
+    return {"infer_sm_ratio": s.infer_sm_ratio, "ft_sm_ratio": s.ft_sm_ratio, "batch_size": s.batch_size,
+            "seq_len": round(s.seq_len, 1), "measured_ms": round(s.latency_ms, 3), "predicted_ms": round(predicted_ms, 3),
+            "error_pct": round((predicted_ms - s.latency_ms) / s.latency_ms * 100, 2)}
 
 
 def _fit(args: argparse.Namespace) -> dict:

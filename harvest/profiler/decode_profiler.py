@@ -4,6 +4,12 @@ For a point (batch_size, seq_len) it sends batch_size pre-filled requests of pro
 once, and reads back, from the worker's own step hook (/harvest/steps), the steps that ran at exactly
 that batch size: the first few warm up, the median of the next `num_repeats` is the sample, and the
 sample's seq_len is the measured mean KV length of those steps.
+
+A step's recorded latency must be that step alone. It is, when the worker runs SGLang's normal (not
+overlap) scheduler: with the overlap scheduler on a CPU the forward is synchronous, so a step's result is
+processed only after the next step's forward and its "latency" spans two steps (measured: 960 ms recorded
+for 476 ms between step ends, bs 16 x 512). The profiler checks this on every point: the median recorded
+latency over the median interval between consecutive step ends, ~1 for a one-step record.
 """
 
 import asyncio
@@ -18,7 +24,7 @@ from predictor.samples import Sample
 from predictor.sampling_plan import SamplePoint
 
 NUM_WARMUP_STEPS = 2
-SPARE_STEPS = 6  # requests join the batch over a few scheduler loops; extra tokens keep the full batch long enough
+SPARE_STEPS = 4  # requests join the batch over a scheduler loop or two; extra tokens keep the full batch long enough
 NUM_ATTEMPTS = 3  # a busy host can stagger the joins past the spare steps; the point is then sent again
 
 
@@ -28,6 +34,8 @@ class DecodeProfiler:
         self.admin_url = admin_url
         self.grid = grid
         self.num_repeats = num_repeats
+        self.latency_to_interval: list[float] = []
+        """Per measured point: median step latency / median interval between step ends (1 = one-step records)."""
         self._next_room = 1_000_000
 
     def measure(self, point: SamplePoint) -> Sample:
@@ -56,20 +64,26 @@ class DecodeProfiler:
                 f"only {len(steps)} steps ran at batch size {point.batch_size} (need "
                 f"{NUM_WARMUP_STEPS + self.num_repeats}): raise --max-running-requests or KV capacity"
             )
+        ends = [s["end_s"] for s in timed]
+        intervals_ms = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]
+        latency_ms = statistics.median(s["latency_ms"] for s in timed)
+        if intervals_ms:
+            self.latency_to_interval.append(latency_ms / max(statistics.median(intervals_ms), 1e-3))
         return Sample(
             infer_sm_ratio=self.grid.ratio(point.infer_sms),
             ft_sm_ratio=self.grid.ratio(point.ft_sms),
             batch_size=point.batch_size,
             seq_len=statistics.fmean(s["kv_tokens"] / s["batch_size"] for s in timed),
-            latency_ms=statistics.median(s["latency_ms"] for s in timed),
+            latency_ms=latency_ms,
         )
 
     async def _send_batch(self, batch_size: int, prompt_len: int, num_new_tokens: int) -> None:
         async with httpx.AsyncClient(timeout=600) as client:
             rooms = range(self._next_room, self._next_room + batch_size)
             self._next_room += batch_size
-            # Distinct token ids per request; their values do not matter to a decode step's time.
-            await asyncio.gather(*(generate_prefilled(client, self.url, [(room + i) % 1000 + 3 for i in
+            # Distinct token ids per request, inside even a tiny test vocabulary (512 ids); their values do
+            # not matter to a decode step's time.
+            await asyncio.gather(*(generate_prefilled(client, self.url, [(room + i) % 500 + 3 for i in
                                                                          range(prompt_len)], num_new_tokens, room)
                                    for room in rooms))
 

@@ -8,12 +8,14 @@ step's slack. The output_dir the YAML names is replaced by a scratch one, so no 
 """
 
 import contextlib
+import os
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harvest.profiler.foreign_load import ForeignLoad
 from predictor.finetune_throughput import FinetuneThroughput
 
 NUM_WARMUP_STEPS = 1  # the first step pays one-time costs (allocator arenas, autograd graph set-up)
@@ -30,6 +32,8 @@ class FinetuneMeasurement:
     """Wall time of the timed steps."""
     setup_s: float
     """Building the job (LlamaFactory parse, model, dataset) plus the warm-up steps."""
+    foreign_cores: float
+    """Cores other processes used during the timed steps (ForeignLoad): ~0 on a quiet host."""
 
 
 class FinetuneProfiler:
@@ -54,8 +58,9 @@ class FinetuneProfiler:
                 setup_s = time.perf_counter() - started
                 results = []
                 timed_started = time.perf_counter()
-                while not engine.is_finished:
-                    results.append(engine.run_next_unit())
+                with ForeignLoad([os.getpid()]) as load:
+                    while not engine.is_finished:
+                        results.append(engine.run_next_unit())
                 measure_s = time.perf_counter() - timed_started
             args = engine.job.training_args
             samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
@@ -71,4 +76,4 @@ class FinetuneProfiler:
             samples_per_s_solo=num_samples / (units_ms / 1e3),
         )
         return FinetuneMeasurement(throughput, self.num_steps, len(results), num_tokens, num_samples, measure_s,
-                                   setup_s)
+                                   setup_s, load.cores)
