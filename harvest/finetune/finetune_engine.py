@@ -19,6 +19,7 @@ from harvest.finetune.checkpoint_store import CheckpointStore
 from harvest.finetune.decoder_units import Chunk, DecoderUnits, get_rng_state, set_rng_state
 from harvest.finetune.finetune_config import FinetuneConfig
 from harvest.finetune.layer_swapper import LayerSwapper
+from harvest.finetune.weight_memory import WeightMemory
 from harvest.finetune.llamafactory_job import LlamaFactoryJob
 from harvest.finetune.training_recipe import TrainingRecipe
 from harvest.finetune.unit_sizer import UnitSizer
@@ -52,7 +53,10 @@ class _Unit:
 
 
 class FinetuneEngine:
-    def __init__(self, job: LlamaFactoryJob, config: FinetuneConfig | None = None) -> None:
+    def __init__(self, job: LlamaFactoryJob, config: FinetuneConfig | None = None,
+                 weight_memory: WeightMemory | None = None) -> None:
+        """`weight_memory` holds the resident window's frozen weights (default: torch's allocator). It is
+        used only by the thread that runs units and resizes the window, never during construction."""
         config = config or FinetuneConfig()
         self.job = job
         self.config = config
@@ -65,7 +69,7 @@ class FinetuneEngine:
                     "pass --resume to continue it or set overwrite_output_dir: true"
                 )
             self._store.remove_all()
-        self._build(job)
+        self._build(job, weight_memory)
         self._policy = WindowPolicy(self.units.num_layers)
         self._num_window_layers = self.units.num_layers
         if config.num_window_layers is not None:
@@ -90,7 +94,7 @@ class FinetuneEngine:
         self._open_epoch(self._epoch, self._update_step * self.recipe.num_grad_accum_steps)
         self._rng_state = self._rng_state if config.resume else get_rng_state(self.device)
         self._step_boundary_rng_state = self._rng_state
-        self._swapper.apply(self._policy.target_layers([], self._num_window_layers))
+        # No layer is fetched yet: a step starts with the embedding unit, after which the window fills.
 
     @classmethod
     def from_yaml(
@@ -99,8 +103,9 @@ class FinetuneEngine:
         overrides: dict[str, Any] | None = None,
         config: FinetuneConfig | None = None,
         model_path: str | None = None,
+        weight_memory: WeightMemory | None = None,
     ) -> "FinetuneEngine":
-        return cls(LlamaFactoryJob.from_yaml(path, overrides, model_path), config)
+        return cls(LlamaFactoryJob.from_yaml(path, overrides, model_path), config, weight_memory)
 
     # ---- public API for the co-location scheduler ----
 
@@ -109,7 +114,8 @@ class FinetuneEngine:
         return self.global_step >= self.max_steps
 
     def has_ready_work(self) -> bool:
-        """True when the next unit can start now (False while its layer is still being fetched)."""
+        """True when the next unit can start now: False while its layer is being fetched or waits for
+        weight memory (a later unit or set_window fetches it)."""
         if self.is_finished:
             return False
         if not self._queue or self._queue[0].layer_id is None:
@@ -170,7 +176,7 @@ class FinetuneEngine:
         else:
             self._optimizer_step()
         if unit.kind != "optimizer":
-            self._swapper.apply(self._policy.target_layers(self._upcoming_layer_ids(), self._num_window_layers))
+            self._apply_window()
         return unit
 
     def run_step(self) -> UnitResult:
@@ -180,12 +186,39 @@ class FinetuneEngine:
             if result.is_step_end:
                 return result
 
+    @property
+    def num_window_layers(self) -> int:
+        return self._num_window_layers
+
+    @property
+    def num_resident_layers(self) -> int:
+        """Layers resident now: the window, or fewer while the weight memory has no room for the rest."""
+        return self._swapper.num_resident_layers
+
     def set_window(self, num_layers: int) -> None:
-        """Resize the window of resident layers now: shrinking frees the evicted layers' storage at once."""
-        if not 1 <= num_layers <= self.units.num_layers:
-            raise ValueError(f"num_layers must be in [1, {self.units.num_layers}], got {num_layers}")
+        """Resize the window of resident layers now (and fetch what it lacks, as memory allows): shrinking
+        frees the evicted layers' storage at once. A window of 0 holds nothing; units wait for a larger one."""
+        if not 0 <= num_layers <= self.units.num_layers:
+            raise ValueError(f"num_layers must be in [0, {self.units.num_layers}], got {num_layers}")
         self._num_window_layers = num_layers
-        self._swapper.apply(self._policy.target_layers(self._upcoming_layer_ids(), num_layers))
+        self._apply_window()
+
+    def shrink_window(self) -> bool:
+        """Evict the resident layer needed last and lower the window to the layers still resident, fetching
+        nothing: its memory is returned at once (the allocator's reclaim callback). False if none is resident."""
+        num_resident = self._swapper.num_resident_layers
+        if num_resident == 0:
+            return False
+        self._num_window_layers = num_resident - 1
+        by_next_use = self._policy.target_layers(self._upcoming_layer_ids(), self.units.num_layers)
+        self._swapper.apply([i for i in by_next_use if self._swapper.is_resident(i)][: num_resident - 1])
+        return True
+
+    def _apply_window(self) -> None:
+        targets = []
+        if self._num_window_layers:
+            targets = self._policy.target_layers(self._upcoming_layer_ids(), self._num_window_layers)
+        self._swapper.apply(targets)
 
     def window_bytes(self, num_layers: int) -> int:
         return self._swapper.window_bytes(num_layers)
@@ -222,6 +255,7 @@ class FinetuneEngine:
             "mean_tokens_per_s": self._total_tokens / (self._total_ms / 1e3) if self._total_ms else None,
             "window": self._num_window_layers,
             "num_layers": self.units.num_layers,
+            "resident_layers": self._swapper.num_resident_layers,
             "resident_bytes": self._swapper.resident_bytes(),
             "state": state,
         }
@@ -233,7 +267,7 @@ class FinetuneEngine:
 
     # ---- construction ----
 
-    def _build(self, job: LlamaFactoryJob) -> None:
+    def _build(self, job: LlamaFactoryJob, weight_memory: WeightMemory | None) -> None:
         recipe = TrainingRecipe.build(job)
         self.recipe = recipe
         self.peft_model = recipe.peft_model
@@ -245,7 +279,7 @@ class FinetuneEngine:
         self.units = DecoderUnits(recipe.peft_model, self.device, recipe.autocast_dtype)
         for module in self.units.non_layer_modules():
             module.to(self.device)
-        self._swapper = LayerSwapper(self.units.layers, self.device)
+        self._swapper = LayerSwapper(self.units.layers, self.device, weight_memory)
 
     # ---- the step: batches -> chunks -> units ----
 

@@ -1,54 +1,68 @@
 """Frozen decoder-layer weights live in host memory; a window of layers is resident on the device (sec. 4.3).
 
-Trainable (LoRA) parameters never move. A frozen parameter outside the window holds an empty placeholder,
-so its device storage is really released; `fetch` restores it from the host copy. On CUDA the host copies
-are pinned and fetches run on a second stream, overlapping compute; on CPU a fetch is a real copy into
-fresh storage, so the mechanism (and its memory accounting) is the same, only synchronous.
+Trainable (LoRA) parameters never move. A resident layer's frozen weights sit in one flat device tensor per
+dtype, taken from a `WeightMemory` (torch's allocator, or KV-cache chunks lent by the unified allocator);
+each frozen parameter is a view of it. Outside the window a parameter holds an empty placeholder and the
+flat tensor goes back to the memory, so eviction really returns the bytes. On CUDA the host copies are
+pinned and fetches run on a second stream, overlapping compute; on CPU a fetch is a synchronous copy.
 """
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from harvest.finetune.weight_memory import DeviceMemory, WeightMemory
+
 
 @dataclass(slots=True)
-class _FrozenParam:
-    param: nn.Parameter
+class _FrozenGroup:
+    """One layer's frozen parameters of one dtype, packed in `host` (flat) in `params` order."""
+
+    params: list[nn.Parameter]
+    shapes: list[torch.Size]
     host: torch.Tensor
+    resident: torch.Tensor | None = None
 
 
 class LayerSwapper:
-    def __init__(self, layers: nn.ModuleList, device: torch.device) -> None:
+    def __init__(self, layers: nn.ModuleList, device: torch.device, memory: WeightMemory | None = None) -> None:
         self.device = device
+        self.memory = memory or DeviceMemory(device)
         self._is_cuda = device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(device) if self._is_cuda else None
-        self._frozen: list[list[_FrozenParam]] = []
+        self._groups: list[list[_FrozenGroup]] = []
         self._ready_events: dict[int, torch.cuda.Event | None] = {}
         for layer in layers:
-            frozen = []
+            by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
             for param in layer.parameters():
                 if param.requires_grad:
                     param.data = param.data.to(device)
-                    continue
-                host = param.data.detach().to("cpu")
-                frozen.append(_FrozenParam(param, host.pin_memory() if self._is_cuda else host))
-                param.data = self._placeholder(param.dtype)
-            self._frozen.append(frozen)
+                else:
+                    by_dtype.setdefault(param.dtype, []).append(param)
+            groups = []
+            for dtype, params in by_dtype.items():
+                host = torch.cat([p.data.detach().to("cpu").reshape(-1) for p in params])
+                host = host.pin_memory() if self._is_cuda else host
+                groups.append(_FrozenGroup(params, [p.shape for p in params], host))
+                for param in params:
+                    param.data = self._placeholder(dtype)
+            self._groups.append(groups)
             for buffer_name, buffer in layer.named_buffers():
                 module_name, _, attr = buffer_name.rpartition(".")
                 setattr(layer.get_submodule(module_name) if module_name else layer, attr, buffer.to(device))
 
     @property
     def num_layers(self) -> int:
-        return len(self._frozen)
+        return len(self._groups)
 
     @property
-    def resident_layer_ids(self) -> frozenset[int]:
-        return frozenset(self._ready_events)
+    def num_resident_layers(self) -> int:
+        return len(self._ready_events)
 
     def layer_bytes(self, layer_id: int) -> int:
-        return sum(f.host.numel() * f.host.element_size() for f in self._frozen[layer_id])
+        return sum(g.host.numel() * g.host.element_size() for g in self._groups[layer_id])
 
     def window_bytes(self, num_layers: int) -> int:
         """Device memory a window of `num_layers` resident layers needs (the largest layers, to be safe)."""
@@ -58,24 +72,34 @@ class LayerSwapper:
     def resident_bytes(self) -> int:
         return sum(self.layer_bytes(i) for i in self._ready_events)
 
-    def fetch(self, layer_id: int) -> None:
-        """Start bringing a layer's frozen weights onto the device (asynchronous on CUDA)."""
+    def fetch(self, layer_id: int) -> bool:
+        """Start bringing a layer's frozen weights onto the device (asynchronous on CUDA); False, with
+        nothing changed, when the memory has no room for it now."""
         if layer_id in self._ready_events:
-            return
-        if not self._is_cuda:
-            for f in self._frozen[layer_id]:
-                f.param.data = f.host.clone()
-            self._ready_events[layer_id] = None
-            return
-        # Storage comes from the copy stream's pool and starts filling at once, overlapping the running unit;
-        # `wait` records the compute stream on it, so after eviction the allocator reuses it only once the
-        # compute kernels that read it have finished.
-        with torch.cuda.stream(self._copy_stream):
-            for f in self._frozen[layer_id]:
-                f.param.data = f.host.to(self.device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._copy_stream)
+            return True
+        groups = self._groups[layer_id]
+        # On CUDA the storage comes from the copy stream's pool and starts filling at once, overlapping the
+        # running unit; `wait` records the compute stream on it, so after eviction it is reused only once
+        # the compute kernels that read it have finished.
+        with torch.cuda.stream(self._copy_stream) if self._is_cuda else contextlib.nullcontext():
+            if not self._alloc_resident(groups):
+                return False
+            for group in groups:
+                group.resident.copy_(group.host, non_blocking=self._is_cuda)
+                offset = 0
+                for param, shape in zip(group.params, group.shapes):
+                    param.data = group.resident[offset: offset + shape.numel()].view(shape)
+                    offset += shape.numel()
+            event = None
+            if self._is_cuda:
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
         self._ready_events[layer_id] = event
+        return True
+
+    def is_resident(self, layer_id: int) -> bool:
+        """Fetched (or being fetched) and not evicted since."""
+        return layer_id in self._ready_events
 
     def is_ready(self, layer_id: int) -> bool:
         if layer_id not in self._ready_events:
@@ -85,28 +109,45 @@ class LayerSwapper:
 
     def wait(self, layer_id: int) -> None:
         """Make the layer usable by the next kernels on the compute stream, fetching it if needed."""
-        self.fetch(layer_id)
+        if not self.fetch(layer_id):
+            raise MemoryError(f"no device memory for decoder layer {layer_id}'s frozen weights")
         event = self._ready_events[layer_id]
         if event is not None:
             compute_stream = torch.cuda.current_stream(self.device)
             compute_stream.wait_event(event)
-            for f in self._frozen[layer_id]:
-                f.param.data.record_stream(compute_stream)
+            for group in self._groups[layer_id]:
+                group.resident.record_stream(compute_stream)
             self._ready_events[layer_id] = None
 
     def evict(self, layer_id: int) -> None:
         if layer_id not in self._ready_events:
             return
-        for f in self._frozen[layer_id]:
-            f.param.data = self._placeholder(f.param.dtype)
+        for group in self._groups[layer_id]:
+            for param in group.params:
+                param.data = self._placeholder(param.dtype)
+            self.memory.free_tensor(group.resident)
+            group.resident = None
         del self._ready_events[layer_id]
 
     def apply(self, target_layer_ids: list[int]) -> None:
-        """Evict everything outside the target window, then fetch the target layers, soonest first."""
+        """Evict everything outside the target window, then fetch the target layers, soonest first, while
+        the memory has room (a layer it could not fetch now is fetched again by a later apply or wait)."""
         for layer_id in sorted(self._ready_events.keys() - set(target_layer_ids)):
             self.evict(layer_id)
         for layer_id in target_layer_ids:
-            self.fetch(layer_id)
+            if not self.fetch(layer_id):
+                break
+
+    def _alloc_resident(self, groups: list[_FrozenGroup]) -> bool:
+        for index, group in enumerate(groups):
+            try:
+                group.resident = self.memory.alloc_tensor(group.host.shape, group.host.dtype)
+            except MemoryError:
+                for taken in groups[:index]:
+                    self.memory.free_tensor(taken.resident)
+                    taken.resident = None
+                return False
+        return True
 
     def _placeholder(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(0, dtype=dtype, device=self.device)

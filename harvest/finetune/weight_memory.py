@@ -1,0 +1,29 @@
+"""Where the resident window's frozen weights live on the device.
+
+`DeviceMemory` is torch's own allocator (the engine alone). Inside a decode worker the unified allocator
+(`allocator.UnifiedAllocator`, memory lent from free KV-cache chunks) takes its place: same two calls.
+"""
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+
+class WeightMemory(Protocol):
+    def alloc_tensor(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """A tensor for one layer's frozen weights; MemoryError when none can be had right now."""
+
+    def free_tensor(self, tensor: torch.Tensor) -> None:
+        """Give back a tensor from alloc_tensor; no view of it is used afterwards."""
+
+
+class DeviceMemory:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def alloc_tensor(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=dtype, device=self.device)
+
+    def free_tensor(self, tensor: torch.Tensor) -> None:
+        pass  # torch frees the storage with its last reference
