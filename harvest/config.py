@@ -36,6 +36,10 @@ class ServeConfig:
     """Decode latency target per step (`--tpot-slo-ms`); required with a finetune job."""
     profile_path: str | None = None
     """Latency profile (`--profile`) for the split planner; None: conservative start, online correction."""
+    kv_lending: bool = True
+    """Lend free KV-cache chunks to the finetune job's weight window (`--no-kv-lending` turns it off)."""
+    kv_block_kib: int = 2048
+    """Mapping granularity of the KV pool (`--kv-block-kib`): 2 MiB on CUDA; host pages allow smaller."""
 
     def __post_init__(self):
         if self.stats_window_steps < 1:
@@ -46,6 +50,8 @@ class ServeConfig:
             raise HarvestError(f"--tpot-slo-ms must be > 0, got {self.tpot_slo_ms}")
         if self.profile_path is not None and self.tpot_slo_ms is None:
             raise HarvestError("--profile needs --tpot-slo-ms")
+        if self.kv_block_kib < 4 or self.kv_block_kib & (self.kv_block_kib - 1):
+            raise HarvestError(f"--kv-block-kib must be a power of two >= 4 (host pages), got {self.kv_block_kib}")
 
 
 def is_loopback(host: str) -> bool:

@@ -23,7 +23,9 @@ class HarvestRuntime:
         self.config = config
         self.stats = StepStats(config.stats_window_steps)
         self.metrics = HarvestMetrics()
-        self.controller = _build_controller(config) if config.finetune is not None else None
+        self.controller = None
+        self.lender = None
+        self.kv_lending_note = "off (no --finetune)" if config.finetune is None else "off (--no-kv-lending)"
         self._running: dict[int, DecodeStep] = {}
         self._admin_server = None
 
@@ -31,9 +33,26 @@ class HarvestRuntime:
     def job(self):
         return None if self.controller is None else self.controller.job
 
+    @property
+    def wants_kv_lending(self) -> bool:
+        """Lend free KV memory to the job: only with temporal co-location, where units run in the scheduler
+        thread, the one thread that may touch KV slots (spatial units run in a thread of their own)."""
+        return self.config.finetune is not None and self.config.kv_lending and not _is_spatial(self.config)
+
+    def attach_kv_pool(self, allocator) -> None:
+        """SGLang's KV pool was built over the unified allocator (sglang_plugin): lend from it."""
+        from harvest.colocation.kv_lender import KvLender
+
+        self.lender = KvLender(allocator)
+        self.kv_lending_note = "on"
+
+    def refuse_kv_lending(self, reason: str) -> None:
+        self.kv_lending_note = f"off ({reason})"
+
     def start(self, serve_admin: bool) -> None:
-        """The scheduler is built: start the finetune job's construction and the admin API."""
-        if self.job is not None:
+        """The scheduler is built: build the controller, start the finetune job's construction and the admin API."""
+        if self.config.finetune is not None:
+            self.controller = _build_controller(self.config, self.lender)
             self.job.start()
         if serve_admin:
             from harvest.admin.admin_server import AdminServer
@@ -62,23 +81,24 @@ class HarvestRuntime:
     def step_launched(self, step: DecodeStep) -> None:
         self._running[step.forward_iter] = step
 
-    def step_finished(self, forward_iter: int) -> DecodeStep | None:
+    def step_finished(self, forward_iter: int, kv_demand_slots: int = 0) -> DecodeStep | None:
+        """The step's tokens are out. kv_demand_slots: KV slots decode needs before its next step."""
         step = self._running.pop(forward_iter, None)
         if step is None:
             return None
         step.latency_ms = (time.perf_counter() - step.start_s) * 1e3
         if self.controller is not None:
             tokens_before = self.job.stats()["tokens"]
-            self.controller.after_step(step)
+            self.controller.after_step(step, kv_demand_slots)
             self._count_finetune(tokens_before, step)
         self.stats.record(step)
         self.metrics.record_step(step)
         return step
 
-    def on_idle(self) -> None:
+    def on_idle(self, kv_demand_slots: int = 0) -> None:
         if self.controller is not None:
             tokens_before = self.job.stats()["tokens"]
-            self.controller.on_idle()
+            self.controller.on_idle(kv_demand_slots)
             self._count_finetune(tokens_before, None)
 
     def _count_finetune(self, tokens_before: int, step: DecodeStep | None) -> None:
@@ -105,6 +125,8 @@ class HarvestRuntime:
         if self.controller is not None:
             snapshot["finetune"] = self.job.stats()
             snapshot["colocation"] = self.controller.stats()
+            snapshot["memory"] = {"kv_lending": self.kv_lending_note,
+                                  **(self.lender.stats() if self.lender is not None else {})}
         return snapshot
 
     def steps_since(self, seq: int, limit: int) -> list[dict]:
@@ -114,31 +136,40 @@ class HarvestRuntime:
         self.metrics.uptime.set(time.time() - self.stats.started_s)
         if self.controller is not None:
             self.metrics.record_finetune(self.job.stats(), self.controller.stats())
+        if self.lender is not None:
+            self.metrics.record_memory(self.lender.stats())
         return self.metrics.render()
 
 
-def _build_controller(config: ServeConfig):
-    """Spatial co-location where the profile has co-run partitions and the device is a GPU; else temporal.
+def _is_spatial(config: ServeConfig) -> bool:
+    """Spatial co-location where the profile has co-run partitions and the device is a GPU; else temporal."""
+    if config.profile_path is None or not config.finetune.device.startswith("cuda"):
+        return False
+    from predictor import Profile
 
-    Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
+    return Profile.load(config.profile_path).latency_model.has_colo
+
+
+def _build_controller(config: ServeConfig, lender):
+    """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
     measured time, so no prediction can be wrong (stats say so)."""
     from harvest.colocation import FinetuneJob, StepController
     from harvest.colocation.slo_tracker import SloTracker
 
-    job = FinetuneJob(config.finetune)
+    job = FinetuneJob(config.finetune, weight_memory=None if lender is None else lender.weight_memory)
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
     if config.profile_path is None:
         return StepController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
-                              "minus its measured time")
+                              "minus its measured time", lender)
     from predictor import Profile, SplitPlanner
 
     profile = Profile.load(config.profile_path)
     planner = SplitPlanner(profile, config.tpot_slo_ms)
     source = f"profile {config.profile_path} ({profile.device_name}), online correction on"
-    if config.finetune.device.startswith("cuda") and profile.latency_model.has_colo:
+    if _is_spatial(config):
         from harvest.colocation.green_partitions import GreenPartitions
         from harvest.colocation.spatial_controller import SpatialController
 
         partitions = GreenPartitions(0, list(profile.partitions))
         return SpatialController(job, planner, slo, partitions, source)
-    return StepController(job, planner, slo, source)
+    return StepController(job, planner, slo, source, lender)

@@ -4,13 +4,16 @@ harvest gets into SGLang's scheduler subprocess (which owns the model, the KV po
 context) through `launch_server(run_scheduler_process_func=...)`, and observes the decode loop through
 SGLang's own plugin hook registry. No SGLang source is edited.
 
-Hooked (SGLang 0.5.12, disaggregation/decode.py event loops):
+Hooked (SGLang 0.5.12, disaggregation/decode.py event loops, model_runner_kv_cache_mixin.py):
+  ModelRunner._init_pools         AROUND  KV pool over the unified allocator's chunks, chunk-aware slots
   Scheduler.get_init_info         AFTER   scheduler built: start the finetune job and the admin server
   Scheduler.run_batch             AROUND  a decode step: plan it, note its shape and start time
   Scheduler.process_batch_result  AFTER   its tokens are out: time it, give finetune what it left
   Scheduler.on_idle               AFTER   no batch to run: one finetune unit
+  Scheduler._check_full_pool      AROUND  the idle leak check counts lent slots as accounted for
 """
 
+import contextlib
 import functools
 import logging
 import time
@@ -19,10 +22,12 @@ import sglang
 
 from harvest.config import ServeConfig
 from harvest.decode_step import DecodeStep
+from harvest.errors import HarvestError
 from harvest.runtime import HarvestRuntime
 
 SGLANG_VERSION = "0.5.12"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +54,35 @@ def run_scheduler_process(config: ServeConfig, server_args, port_args, gpu_id, t
 def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    def around_init_pools(init_pools, runner, *args, **kwargs):
+        if not runtime.wants_kv_lending or runner.is_draft_worker:
+            return init_pools(runner, *args, **kwargs)
+        reason = kv_lending_unsupported(runner)
+        if reason is not None:
+            runtime.refuse_kv_lending(reason)
+            logger.warning("harvest: KV lending off: %s", reason)
+            return init_pools(runner, *args, **kwargs)
+        allocator = unified_allocator_for(runner, runtime.config)
+        with chunked_pool_classes(allocator):
+            result = init_pools(runner, *args, **kwargs)
+        from allocator.chunk_token_allocator import ChunkTokenToKVPoolAllocator
+        from allocator.chunked_kv_pool import ChunkedMHATokenToKVPool
+
+        if not (isinstance(runner.token_to_kv_pool, ChunkedMHATokenToKVPool)
+                and isinstance(runner.token_to_kv_pool_allocator, ChunkTokenToKVPoolAllocator)):
+            raise HarvestError("SGLang built its KV pool without harvest's chunked classes: "
+                               "harvest's _init_pools hook does not match this SGLang")
+        allocator.attach_kv_slots(runner.token_to_kv_pool_allocator)
+        runtime.attach_kv_pool(allocator)
+        logger.info("harvest: KV pool over %d chunks of %d slots (%d MiB each), lendable to the finetune job",
+                    allocator.config.num_chunks, allocator.config.slots_per_chunk,
+                    allocator.config.blocks_per_chunk * allocator.config.block_bytes >> 20)
+        return result
+
+    def around_check_full_pool(check, scheduler, pool_stats, uncached=0, *args, **kwargs):
+        num_lent = getattr(scheduler.token_to_kv_pool_allocator, "num_lent_slots", 0)
+        return check(scheduler, pool_stats, uncached + num_lent, *args, **kwargs)
+
     def after_init_info(result, scheduler, *args, **kwargs):
         runtime.start(serve_admin)
         return result
@@ -67,15 +101,87 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
 
     def after_process_batch_result(result, scheduler, batch, *args, **kwargs):
         if batch.forward_mode.is_decode():
-            runtime.step_finished(batch.forward_iter)
+            runtime.step_finished(batch.forward_iter, kv_demand_slots(scheduler) if runtime.lender else 0)
         return result
 
+    def after_on_idle(result, scheduler, *args, **kwargs):
+        runtime.on_idle(kv_demand_slots(scheduler) if runtime.lender else 0)
+        return result
+
+    HookRegistry.register(f"{MODEL_RUNNER}._init_pools", around_init_pools, HookType.AROUND)
     HookRegistry.register(f"{SCHEDULER}.get_init_info", after_init_info, HookType.AFTER)
     HookRegistry.register(f"{SCHEDULER}.run_batch", around_run_batch, HookType.AROUND)
-    def after_on_idle(result, scheduler, *args, **kwargs):
-        runtime.on_idle()
-        return result
-
     HookRegistry.register(f"{SCHEDULER}.process_batch_result", after_process_batch_result, HookType.AFTER)
     HookRegistry.register(f"{SCHEDULER}.on_idle", after_on_idle, HookType.AFTER)
+    HookRegistry.register(f"{SCHEDULER}._check_full_pool", around_check_full_pool, HookType.AROUND)
     HookRegistry.apply_hooks()
+
+
+def kv_lending_unsupported(runner) -> str | None:
+    """Why this worker's KV pool cannot be chunked (None: it can): harvest chunks SGLang's plain MHA pool
+    with one-token pages."""
+    from sglang.srt.utils.common import is_float4_e2m1fn_x2
+
+    server_args = runner.server_args
+    if runner.page_size != 1:
+        return f"--page-size {runner.page_size}: lending tracks one-token KV slots"
+    if runner.use_mla_backend or runner.is_hybrid_swa or runner.mambaish_config is not None:
+        return "MLA and hybrid-attention KV pools are not chunked"
+    if is_float4_e2m1fn_x2(runner.kv_cache_dtype) or runner.enable_hisparse:
+        return "fp4 and HiSparse KV pools are not chunked"
+    if server_args.attention_backend == "ascend" or server_args.prefill_only_disable_kv_cache:
+        return "this attention backend's KV pool is not chunked"
+    return None
+
+
+def unified_allocator_for(runner, config: ServeConfig):
+    """A unified allocator whose chunks cover the KV pool SGLang is about to build. T_release is one TPOT
+    target: reclaim runs between decode steps, so lent memory is back within one step, and the HARLI
+    reserve is one step's growth of the largest batch."""
+    import torch
+
+    from allocator import AllocatorConfig, UnifiedAllocator
+
+    is_cuda = str(runner.device).startswith("cuda")
+    config = AllocatorConfig.for_kv_pool(
+        runner.num_effective_layers, runner.model_config.get_num_kv_heads(1), runner.model_config.head_dim,
+        torch.empty((), dtype=runner.kv_cache_dtype).element_size(), runner.max_total_num_tokens,
+        granularity_bytes=config.kv_block_kib * 1024, backend="cuda" if is_cuda else "host",
+        device_index=runner.gpu_id if is_cuda else 0, release_ms=config.tpot_slo_ms,
+        tpot_target_ms=config.tpot_slo_ms, max_batch=runner.max_running_requests)
+    return UnifiedAllocator(config)
+
+
+@contextlib.contextmanager
+def chunked_pool_classes(allocator):
+    """While SGLang builds its pools, its MHATokenToKVPool and TokenToKVPoolAllocator are harvest's
+    subclasses over the allocator's chunks (so the KV bytes are allocated once, in the chunks)."""
+    from sglang.srt.model_executor import model_runner_kv_cache_mixin as pools
+
+    from allocator.chunk_token_allocator import ChunkTokenToKVPoolAllocator
+    from allocator.chunked_kv_pool import ChunkedMHATokenToKVPool
+
+    originals = pools.MHATokenToKVPool, pools.TokenToKVPoolAllocator
+    pools.MHATokenToKVPool = functools.partial(ChunkedMHATokenToKVPool, chunk_pool=allocator.chunk_pool)
+    pools.TokenToKVPoolAllocator = functools.partial(ChunkTokenToKVPoolAllocator,
+                                                     slots_per_chunk=allocator.config.slots_per_chunk)
+    try:
+        yield
+    finally:
+        pools.MHATokenToKVPool, pools.TokenToKVPoolAllocator = originals
+
+
+def kv_demand_slots(scheduler) -> int:
+    """KV slots decode needs before its next step, by SGLang's own admission rule (disaggregation/decode.py
+    pop_preallocated): each queued request's input plus its clipped max_new_tokens, and
+    num_reserved_decode_tokens for every request queued or active."""
+    from sglang.srt.disaggregation.decode import CLIP_MAX_NEW_TOKEN
+
+    prealloc = scheduler.disagg_decode_prealloc_queue
+    reserved = prealloc.num_reserved_decode_tokens
+    queued = [r.req for r in prealloc.queue] + list(prealloc.retracted_queue)
+    need = sum(len(req.origin_input_ids) + len(req.output_ids)
+               + min(req.sampling_params.max_new_tokens, CLIP_MAX_NEW_TOKEN) for req in queued)
+    num_active = (len(scheduler.running_batch.reqs) + len(scheduler.disagg_decode_transfer_queue.queue)
+                  + len(scheduler.waiting_queue))
+    return need + reserved * (len(queued) + num_active)

@@ -46,6 +46,7 @@ def test_port_in_use(harvest_cli, tiny_model_dir):
         (["--port", "http"], ["--port", "http"]),
         (["--disaggregation-mode", "prefill"], ["decode worker"]),
         (["--admin-host", "0.0.0.0"], ["--admin-token"]),
+        (["--kv-block-kib", "48"], ["--kv-block-kib", "48"]),
     ],
 )
 def test_bad_serve_flags(harvest_cli, tiny_model_dir, args, fragments):

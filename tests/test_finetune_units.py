@@ -79,8 +79,10 @@ def test_the_colocation_job_closes_a_finished_engine_once(job_path, monkeypatch)
     job = FinetuneJob(FinetuneSpec(str(job_path)))
     job.start()
     assert job.wait_built(timeout_s=120) and job.state.value == "running", job.error
+    output_dir = job.engine.job.output_dir
     while job.can_run_unit():
         job.run_unit()
     assert job.state.value == "finished", job.error
     assert closed_at_steps == [3]
-    assert (job.engine.job.output_dir / "adapter_model.safetensors").is_file()
+    assert (output_dir / "adapter_model.safetensors").is_file()
+    assert job.engine is None, "a finished job releases its engine (and the memory its window held)"

@@ -2,6 +2,7 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from allocator.allocator_metrics import AllocatorMetrics
 from harvest.decode_step import DecodeStep
 
 # Decode steps of interest sit between ~5 ms (H100, small batch) and a few hundred ms (CPU).
@@ -29,6 +30,7 @@ class HarvestMetrics:
         self.finetune_window = Gauge("harvest_finetune_window_layers", "Resident frozen-weight layers", registry=r)
         self.split_sms = Gauge("harvest_split_sms", "SMs given to each task by the last decision", ["task"],
                                registry=r)
+        self.allocator = AllocatorMetrics(r)
 
     def record_step(self, step: DecodeStep) -> None:
         self.decode_steps.inc()
@@ -48,6 +50,9 @@ class HarvestMetrics:
         if split is not None:
             self.split_sms.labels("decode").set(split["infer_sms"])
             self.split_sms.labels("finetune").set(split["ft_sms"])
+
+    def record_memory(self, lender_stats: dict) -> None:
+        self.allocator.update(lender_stats)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -34,6 +34,10 @@ def add_parser(subparsers) -> None:
                             help="frozen-weight layers resident at once (default: all)")
     colocation.add_argument("--finetune-resume", action="store_true",
                             help="continue the job from its last checkpoint in output_dir")
+    colocation.add_argument("--no-kv-lending", action="store_true",
+                            help="keep the job's weight window out of the KV cache (default: free KV chunks are lent)")
+    colocation.add_argument("--kv-block-kib", type=int, default=2048,
+                            help="KV pool mapping granularity in KiB (default 2048, CUDA's; a CPU host takes 4 and up)")
     parser.set_defaults(func=run, accepts_passthrough=True)
 
 
@@ -49,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         finetune=_finetune_spec(args, model_path),
         tpot_slo_ms=args.tpot_slo_ms,
         profile_path=args.profile,
+        kv_lending=not args.no_kv_lending,
+        kv_block_kib=args.kv_block_kib,
     )
     if config.profile_path is not None:
         from predictor import Profile

@@ -5,6 +5,7 @@ Runs in the scheduler thread (units, checkpoints); the admin thread only flips f
 stats cached after each unit.
 """
 
+import functools
 import gc
 import logging
 import threading
@@ -48,9 +49,11 @@ class FinetuneSpec:
 class FinetuneJob:
     STARVED_AFTER_S = 2.0
 
-    def __init__(self, spec: FinetuneSpec, engine_factory=None):
+    def __init__(self, spec: FinetuneSpec, engine_factory=None, weight_memory=None):
+        """`weight_memory`: where the engine's resident frozen weights live (KV chunks lent by the worker's
+        unified allocator); None: torch's allocator."""
         self.spec = spec
-        self._engine_factory = engine_factory or _build_engine
+        self._engine_factory = engine_factory or functools.partial(_build_engine, weight_memory=weight_memory)
         self.engine = None
         # The phase is set by the scheduler thread only; pausing is a separate flag the admin thread sets,
         # so neither overwrites the other (state combines them).
@@ -71,6 +74,11 @@ class FinetuneJob:
         if self._is_paused and self._phase in ACTIVE_PHASES:
             return FinetuneState.PAUSED
         return self._phase
+
+    @property
+    def is_active(self) -> bool:
+        """Built and neither ended nor failed (paused counts): the engine exists and holds its memory."""
+        return self._phase in ACTIVE_PHASES
 
     def start(self) -> None:
         self._builder.start()
@@ -188,6 +196,8 @@ class FinetuneJob:
             self._phase = FinetuneState.FINISHED
         except Exception as e:  # noqa: BLE001
             self._fail(e)
+            return
+        self._release()
 
     def _fail(self, error: BaseException) -> None:
         self._phase = FinetuneState.FAILED
@@ -198,8 +208,14 @@ class FinetuneJob:
         self._stopped.set()
 
     def _release(self) -> None:
-        """Drop the engine so its memory (weights, activations, optimizer state) goes back."""
+        """Drop the engine so its memory (weights, activations, optimizer state) goes back; its resident
+        window is evicted first, so memory lent from KV is freed into the allocator, not leaked."""
         device = self.spec.device
+        if self.engine is not None:
+            try:
+                self.engine.set_window(0)
+            except Exception:  # noqa: BLE001 - a broken engine is dropped all the same
+                logger.exception("harvest: evicting the failed job's window")
         self.engine = None
         gc.collect()
         if device.startswith("cuda"):
@@ -208,9 +224,10 @@ class FinetuneJob:
             torch.cuda.empty_cache()
 
 
-def _build_engine(spec: FinetuneSpec):
+def _build_engine(spec: FinetuneSpec, weight_memory=None):
     from harvest.finetune import FinetuneConfig, FinetuneEngine
 
     config = FinetuneConfig(device=spec.device, max_unit_ms=spec.max_unit_ms,
                             num_window_layers=spec.num_window_layers, resume=spec.resume)
-    return FinetuneEngine.from_yaml(spec.yaml_path, config=config, model_path=spec.model_path)
+    return FinetuneEngine.from_yaml(spec.yaml_path, config=config, model_path=spec.model_path,
+                                    weight_memory=weight_memory)

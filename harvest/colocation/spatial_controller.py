@@ -50,11 +50,11 @@ class SpatialController:
         else:
             self._may_run.clear()
 
-    def after_step(self, step: DecodeStep) -> None:
+    def after_step(self, step: DecodeStep, kv_demand_slots: int = 0) -> None:
         self.planner.observe(self._decision, step.latency_ms)
         self.slo.record(step.latency_ms)
 
-    def on_idle(self) -> None:
+    def on_idle(self, kv_demand_slots: int = 0) -> None:
         """No decode batch: the finetune job may use the whole device until the next step is planned."""
         import torch
 

@@ -12,7 +12,7 @@ import contextlib
 import time
 from collections import deque
 
-from harvest.colocation.finetune_job import FinetuneJob
+from harvest.colocation.finetune_job import ACTIVE_PHASES, FinetuneJob
 from harvest.colocation.slo_tracker import SloTracker
 from harvest.decode_step import DecodeStep
 
@@ -33,11 +33,13 @@ LOOP_OVERHEAD_MS = 2.0
 
 
 class StepController:
-    def __init__(self, job: FinetuneJob, planner, slo: SloTracker, planner_source: str):
+    def __init__(self, job: FinetuneJob, planner, slo: SloTracker, planner_source: str, lender=None):
+        """`lender`: the KvLender whose chunks hold the job's weight window (None: no KV lending)."""
         self.job = job
         self.planner = planner
         self.slo = slo
         self.planner_source = planner_source
+        self.lender = lender
         self._recent_unit_ms: dict[str, deque[float]] = {}
         self._decision = None
         self.fill_fraction = 1.0
@@ -58,8 +60,9 @@ class StepController:
         self._decision = self.planner.plan(step.batch_size, step.mean_seq_len, self.job.can_run_unit())
         step.predicted_ms = self._decision.predicted_ms
 
-    def after_step(self, step: DecodeStep) -> None:
-        """The step's tokens are out: fill what is left of its TPOT budget with finetune units."""
+    def after_step(self, step: DecodeStep, kv_demand_slots: int = 0) -> None:
+        """The step's tokens are out: give decode the KV memory it needs, then fill what is left of the
+        step's TPOT budget with finetune units (both charged to the step)."""
         if self._decision is not None:
             self.planner.observe(self._decision, step.latency_ms)
         target_ms = self.slo.tpot_slo_ms
@@ -71,6 +74,7 @@ class StepController:
         if self._decision is not None:
             budget_ms = min(budget_ms, self._decision.slack_ms - LOOP_OVERHEAD_MS)
         started = time.perf_counter()
+        did_memory_work = self._rebalance_memory(kv_demand_slots)
         ran_any = False
         while self.job.can_run_unit():
             spent_ms = (time.perf_counter() - started) * 1e3
@@ -80,17 +84,31 @@ class StepController:
                 break
             ran_any = True
             self.num_units_in_slack += 1
-        finetune_ms = (time.perf_counter() - started) * 1e3 if ran_any else 0.0
+        finetune_ms = (time.perf_counter() - started) * 1e3 if ran_any or did_memory_work else 0.0
         self.finetune_ms_in_slack += finetune_ms
         if not ran_any:
             self.job.note_no_room()
         step.finetune_ms = finetune_ms
         self.slo.record(step.latency_ms + finetune_ms)
 
-    def on_idle(self) -> None:
+    def on_idle(self, kv_demand_slots: int = 0) -> None:
         """No decode batch: run one unit (the loop comes back here between units to check for requests)."""
+        self._rebalance_memory(kv_demand_slots)
         if self.job.can_run_unit() and self._run_unit():
             self.num_units_idle += 1
+
+    def _rebalance_memory(self, kv_demand_slots: int) -> bool:
+        """Reclaim lent KV memory decode needs, else grow the job's window; True if it did any work."""
+        if self.lender is None:
+            return False
+        engine = self.job.engine if self.job.is_active else None
+        if engine is not self.lender.engine:
+            if engine is None:
+                self.lender.detach_engine()
+            else:
+                self.lender.attach_engine(engine, engine.num_window_layers)
+        # Growth waits while the operator pauses the job, not while it waits for memory: that is what it needs.
+        return self.lender.rebalance(kv_demand_slots, can_grow=self.job.state in ACTIVE_PHASES)
 
     def _run_unit(self) -> bool:
         result = self.job.run_unit()

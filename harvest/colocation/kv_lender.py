@@ -1,0 +1,74 @@
+"""KvLender: the decode worker's free KV-cache memory lent to the finetune job, step by step (HARLI sec. 4).
+
+Owns the unified allocator that backs SGLang's KV pool. Between decode steps, in the scheduler thread
+(the only thread that touches KV slots or lent memory):
+  1. demand: the KV slots decode needs before its next step, on top of the HARLI reserve;
+  2. reclaim: while free slots are under that floor, return idle chunks, drain a partly used one, or
+     shrink the finetune window by one layer - at most one shrink per step, so decode never waits longer;
+  3. grow: after a step that needed no reclaim, one more layer of window, as far as the job wants.
+The finetune engine takes its window's memory from the allocator itself (`weight_memory`); a chunk is lent
+when a layer is fetched and free KV can spare it.
+"""
+
+import time
+
+from allocator.unified_allocator import UnifiedAllocator
+
+# Allocator stats sort SGLang's free slot list, so only the scheduler thread may compute them; it refreshes
+# the copy the admin API reads at most this often (a sort of 100k slots costs ~1 ms on this CPU).
+STATS_REFRESH_S = 0.5
+
+
+class KvLender:
+    def __init__(self, allocator: UnifiedAllocator):
+        self.allocator = allocator
+        self.engine = None
+        self.max_window_layers = 0
+        self.num_grows = 0
+        self.last_rebalance_ms = 0.0
+        self._stats = self._fresh_stats()
+        self._stats_s = time.monotonic()
+
+    @property
+    def weight_memory(self) -> UnifiedAllocator:
+        return self.allocator
+
+    def attach_engine(self, engine, max_window_layers: int) -> None:
+        """The finetune engine is built: reclaim may shrink its window; growth stops at max_window_layers."""
+        self.engine = engine
+        self.max_window_layers = max_window_layers
+        self.allocator.set_reclaim_callback(engine.shrink_window)
+
+    def detach_engine(self) -> None:
+        """The job failed or ended: its memory is gone, lent chunks go back to KV."""
+        self.engine = None
+        self.allocator.set_reclaim_callback(lambda: False)
+        self.allocator.return_idle_chunks()
+
+    def rebalance(self, kv_demand_slots: int, can_grow: bool) -> bool:
+        """Once per decode step and idle loop; True if it reclaimed or grew (its time is the finetune's)."""
+        started = time.perf_counter()
+        self.allocator.set_kv_demand(kv_demand_slots)
+        shrinks_before = self.allocator.num_shrink_calls
+        # Between steps nothing runs on the finetune tensors, so draining (copy, then remap) is safe.
+        num_returned = self.allocator.maybe_reclaim(allow_drain=True)
+        has_reclaimed = num_returned or self.allocator.num_shrink_calls != shrinks_before
+        engine = self.engine
+        can_grow = can_grow and not has_reclaimed and engine is not None
+        if can_grow and engine.num_window_layers < self.max_window_layers:
+            engine.set_window(engine.num_window_layers + 1)
+            self.num_grows += 1
+        else:
+            can_grow = False
+        self.last_rebalance_ms = (time.perf_counter() - started) * 1e3
+        if time.monotonic() - self._stats_s > STATS_REFRESH_S:
+            self._stats, self._stats_s = self._fresh_stats(), time.monotonic()
+        return bool(has_reclaimed or can_grow)
+
+    def stats(self) -> dict:
+        """The copy refreshed by the scheduler thread (safe to read from the admin thread)."""
+        return self._stats
+
+    def _fresh_stats(self) -> dict:
+        return {**self.allocator.stats(), "num_window_grows": self.num_grows,
+                "last_rebalance_ms": round(self.last_rebalance_ms, 3)}

@@ -1,0 +1,85 @@
+"""Acceptance (unified allocator, end to end on CPU): the real SGLang decode worker with the finetune job's
+weight window in lent KV chunks gives, under a concurrent burst that needs those chunks back, token for
+token the same greedy outputs as the same worker with lending off; the job keeps training around it."""
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import yaml
+
+from conftest import free_port
+from harvest.finetune.demo.make_dataset import DATASET_NAME, DEMO_DIR
+from harvest.worker_client import generate_prefilled, read_stats
+from harvest.worker_process import WorkerProcess
+
+pytestmark = pytest.mark.sglang
+
+# The tiny Llama's KV rows are 64 bytes (2 heads x 16 dims, fp16): 64 KiB blocks give chunks of 1024 slots,
+# and 8192 tokens of KV give 9 chunks; the job's window takes the top two. The burst needs
+# 7 x (1100 + 16 new + 16 reserved) slots: more than KV has free while the window is lent, less than the
+# whole pool, so the last requests' prompts land in reclaimed chunks (new KV takes the lowest free slots).
+KV_FLAGS = ["--max-total-tokens", "8192", "--kv-block-kib", "64", "--num-reserved-decode-tokens", "16"]
+NUM_REQUESTS, INPUT_LEN, MAX_NEW_TOKENS = 7, 1100, 16
+
+
+def write_job(tmp_path, model_dir):
+    job = {
+        "model_name_or_path": str(model_dir), "stage": "sft", "do_train": True, "finetuning_type": "lora",
+        "lora_rank": 8, "lora_target": "all", "dataset": DATASET_NAME, "dataset_dir": str(DEMO_DIR),
+        "template": "default", "cutoff_len": 64, "max_samples": 256, "per_device_train_batch_size": 2,
+        "learning_rate": 1.0e-3, "max_steps": 100_000, "save_steps": 100_000,
+        "output_dir": str(tmp_path / "adapter"), "overwrite_output_dir": True, "report_to": "none", "seed": 42,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def wait_for(admin_url: str, predicate, what: str, timeout_s: float = 300.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = read_stats(admin_url)
+        if predicate(stats):
+            return stats
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}: {stats}")
+
+
+async def burst(url: str) -> list[list[int]]:
+    async with httpx.AsyncClient(timeout=300) as client:
+        results = await asyncio.gather(*(
+            generate_prefilled(client, url, [(7 * i + j) % 500 + 3 for j in range(INPUT_LEN)], MAX_NEW_TOKENS, i)
+            for i in range(NUM_REQUESTS)))
+    return [r["output_ids"] for r in results]
+
+
+def run_burst(model_dir, tmp_path, name, *extra) -> tuple[list[list[int]], dict, dict]:
+    (tmp_path / name).mkdir()
+    job = write_job(tmp_path / name, model_dir)
+    args = ["--model-path", str(model_dir), *KV_FLAGS, "--finetune", str(job), "--tpot-slo-ms", "500", *extra]
+    with WorkerProcess(args, free_port(), free_port(), tmp_path / f"{name}.log") as worker:
+        before = wait_for(worker.admin_url, lambda s: s["finetune"].get("step", 0) >= 3, "finetune steps")
+        if "--no-kv-lending" not in extra:
+            before = wait_for(worker.admin_url, lambda s: s["memory"]["chunks_lent"] > 0, "a lent chunk")
+        outputs = asyncio.run(burst(worker.url))
+        time.sleep(1.0)  # the lender's stats copy refreshes every 0.5 s
+        after = read_stats(worker.admin_url)
+    return outputs, before, after
+
+
+def test_greedy_outputs_are_the_same_with_kv_lent_and_reclaimed(tiny_model_dir, tmp_path):
+    reference, _, off = run_burst(tiny_model_dir, tmp_path, "lending-off", "--no-kv-lending")
+    assert off["memory"]["kv_lending"].startswith("off") and "chunks_lent" not in off["memory"]
+
+    outputs, before, after = run_burst(tiny_model_dir, tmp_path, "lending-on")
+    memory = after["memory"]
+    assert before["memory"]["kv_lending"] == "on"
+    top_chunk_first_slot = (memory["chunks_total"] - 2) * 1024
+    assert NUM_REQUESTS * (INPUT_LEN + MAX_NEW_TOKENS) > top_chunk_first_slot, "the burst must reach lent chunks"
+    assert memory["num_reclaimed_chunks"] > 0, f"the burst never needed lent KV back: {memory}"
+    assert [len(o) for o in outputs] == [MAX_NEW_TOKENS] * NUM_REQUESTS
+    assert outputs == reference
+    assert after["finetune"]["state"] in ("running", "waiting", "starved")
+    assert after["finetune"]["step"] > before["finetune"]["step"], "the job stopped training"
