@@ -130,13 +130,18 @@ class LayerSwapper:
         del self._ready_events[layer_id]
 
     def apply(self, target_layer_ids: list[int]) -> None:
-        """Evict everything outside the target window, then fetch the target layers, soonest first, while
-        the memory has room (a layer it could not fetch now is fetched again by a later apply or wait)."""
+        """Evict everything outside the target window, then fetch the target layers, soonest first. When the
+        memory holds fewer layers than the window, a target needed sooner takes the place of the resident
+        target needed last (Belady's choice for the window the memory can hold), so units never wait on
+        a layer while later ones sit resident."""
         for layer_id in sorted(self._ready_events.keys() - set(target_layer_ids)):
             self.evict(layer_id)
-        for layer_id in target_layer_ids:
-            if not self.fetch(layer_id):
-                break
+        for index, layer_id in enumerate(target_layer_ids):
+            needed_later = [i for i in target_layer_ids[index + 1:] if i in self._ready_events]
+            while not self.fetch(layer_id):
+                if not needed_later:
+                    return
+                self.evict(needed_later.pop())
 
     def _alloc_resident(self, groups: list[_FrozenGroup]) -> bool:
         for index, group in enumerate(groups):
