@@ -11,6 +11,7 @@ def test_cpu_host_gets_cpu_defaults_unless_given():
     assert argv[:4] == ["--model-path", "/m", "--disaggregation-mode", "decode"]
     assert argv.count("--attention-backend") == 1 and "triton" in argv
     assert "--disable-cuda-graph" in argv and argv[argv.index("--device") + 1] == "cpu"
+    assert "--disable-overlap-schedule" in argv, "a CPU step's result must be processed before the next step"
     assert argv[argv.index("--disaggregation-transfer-backend") + 1] == "fake"
 
 

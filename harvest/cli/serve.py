@@ -12,7 +12,7 @@ def add_parser(subparsers) -> None:
         description="Run an SGLang decode worker (--disaggregation-mode decode) with harvest in its scheduler "
         "process. Every flag not listed here is SGLang's (see `python -m sglang.launch_server --help`). "
         "On a host without a GPU, harvest adds --device cpu --attention-backend torch_native "
-        "--disable-cuda-graph --disaggregation-transfer-backend fake unless given.",
+        "--disable-cuda-graph --disable-overlap-schedule --disaggregation-transfer-backend fake unless given.",
         allow_abbrev=False,
     )
     parser.add_argument("--model-path", "--model", default=None,
