@@ -22,6 +22,8 @@ class KvSlots(Protocol):
 
     def available_size(self) -> int: ...
 
+    def chunk_slots(self, chunk_id: int) -> torch.Tensor: ...
+
     def lendable_chunk_ids(self) -> list[int]: ...
 
     def withdraw_chunk(self, chunk_id: int) -> None: ...
@@ -85,8 +87,8 @@ class UnifiedAllocator:
         for chunk_id in self.kv_slots.lendable_chunk_ids():
             if num_lent == num_chunks:
                 break
-            # slots_per_chunk bounds the slots a (possibly partial last) chunk takes out of circulation.
-            slots_after = self.kv_slots.available_size() - self.config.slots_per_chunk
+            # The last chunk may be partial: SGLang's pool rarely ends on a chunk boundary.
+            slots_after = self.kv_slots.available_size() - len(self.kv_slots.chunk_slots(chunk_id))
             if slots_after < self.kv_floor_slots:
                 break
             self.kv_slots.withdraw_chunk(chunk_id)

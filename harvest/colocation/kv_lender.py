@@ -5,7 +5,8 @@ Owns the unified allocator that backs SGLang's KV pool. Between decode steps, in
   1. demand: the KV slots decode needs before its next step, on top of the HARLI reserve;
   2. reclaim: while free slots are under that floor, return idle chunks, drain a partly used one, or
      shrink the finetune window by one layer - at most one shrink per step, so decode never waits longer;
-  3. grow: after a step that needed no reclaim, one more layer of window, as far as the job wants.
+  3. grow: after a step that needed no reclaim, fetch the layer the job waits on, or grow the window
+     by one layer, as far as the job wants.
 The finetune engine takes its window's memory from the allocator itself (`weight_memory`); a chunk is lent
 when a layer is fetched and free KV can spare it.
 """
@@ -54,16 +55,20 @@ class KvLender:
         num_returned = self.allocator.maybe_reclaim(allow_drain=True)
         has_reclaimed = num_returned or self.allocator.num_shrink_calls != shrinks_before
         engine = self.engine
-        can_grow = can_grow and not has_reclaimed and engine is not None
-        if can_grow and engine.num_window_layers < self.max_window_layers:
-            engine.set_window(engine.num_window_layers + 1)
-            self.num_grows += 1
-        else:
-            can_grow = False
+        did_grow = False
+        if can_grow and not has_reclaimed and engine is not None:
+            if engine.num_window_layers and not engine.has_ready_work():
+                # Waiting on a layer the memory had no room for: fetch what the window lacks, if KV spares it.
+                engine.set_window(engine.num_window_layers)
+                did_grow = engine.has_ready_work()
+            elif engine.num_window_layers < self.max_window_layers:
+                engine.set_window(engine.num_window_layers + 1)
+                self.num_grows += 1
+                did_grow = True
         self.last_rebalance_ms = (time.perf_counter() - started) * 1e3
         if time.monotonic() - self._stats_s > STATS_REFRESH_S:
             self._stats, self._stats_s = self._fresh_stats(), time.monotonic()
-        return bool(has_reclaimed or can_grow)
+        return bool(has_reclaimed or did_grow)
 
     def stats(self) -> dict:
         """The copy refreshed by the scheduler thread (safe to read from the admin thread)."""
