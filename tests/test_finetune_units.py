@@ -1,5 +1,6 @@
 """The unit stream a scheduler sees: order, results, and time-based splitting of micro-batches."""
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -86,3 +87,7 @@ def test_the_colocation_job_closes_a_finished_engine_once(job_path, monkeypatch)
     assert closed_at_steps == [3]
     assert (output_dir / "adapter_model.safetensors").is_file()
     assert job.engine is None, "a finished job releases its engine (and the memory its window held)"
+    # Pins the token count the live replay and /metrics report: each sample's tokens once per step, not once
+    # per unit (it was ~2 x num_layers + 2 times too high).
+    log = [json.loads(line) for line in (output_dir / "finetune_log.jsonl").read_text().splitlines()]
+    assert job.stats()["tokens"] == sum(record["num_tokens"] for record in log) > 0

@@ -64,7 +64,7 @@ class FinetuneJob:
         self._stopped = threading.Event()
         self._last_unit_s = time.monotonic()
         self._num_units = 0
-        self._num_unit_tokens = 0
+        self._num_tokens = 0
         self._unit_ms_total = 0.0
         self._stats: dict = {}
         self._builder = threading.Thread(target=self._build, name="harvest-finetune-build", daemon=True)
@@ -126,7 +126,8 @@ class FinetuneJob:
         self._phase = FinetuneState.RUNNING
         self._last_unit_s = time.monotonic()
         self._num_units += 1
-        self._num_unit_tokens += result.num_tokens
+        if result.kind == "embed":  # a sample's tokens pass every unit of its step: count them once
+            self._num_tokens += result.num_tokens
         self._unit_ms_total += result.duration_ms
         if result.is_step_end:
             self._refresh_stats()
@@ -164,7 +165,7 @@ class FinetuneJob:
             "error": self.error,
             "num_units": self._num_units,
             "unit_ms_mean": round(self._unit_ms_total / self._num_units, 3) if self._num_units else None,
-            "tokens": self._num_unit_tokens,
+            "tokens": self._num_tokens,
             **self._stats,
         }
 
