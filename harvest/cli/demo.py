@@ -1,73 +1,75 @@
-"""`harvest demo`: the main job on the embedded default model, start to finish on any machine.
+"""`harvest demo`: the whole story on the embedded default model, on any machine (a CPU is enough).
 
-Starts `harvest serve` on the embedded SmolLM2, sends a few concurrent pre-filled decode requests,
-prints what came back and harvest's step stats, and stops the worker cleanly.
+1. `harvest serve` on the embedded SmolLM2-135M with the demo LoRA job inside, under a TPOT target;
+2. a live replay of a stretch of the Azure conv trace against it (scaled to what a CPU serves):
+   comparison table, results.json and plots; the worker's stats, finetune section included;
+3. a clean stop (the job checkpoints its adapter);
+4. a simulated replay of the full one-hour conv trace for every policy.
 """
 
 import argparse
-import asyncio
 import time
 from pathlib import Path
 
-DEMO_PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about idle GPUs.",
-    "Explain LoRA in one sentence.",
-    "List three prime numbers.",
-]
+import yaml
+
+DEMO_JOB = Path(__file__).resolve().parents[1] / "finetune" / "demo" / "demo.yaml"
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("demo", help="run the end-to-end demo on the embedded model")
     parser.add_argument("--model-path", default=None, help="HF model dir (default: embedded SmolLM2-135M)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--out", default="runs/demo", help="folder for logs, results, plots and the adapter")
+    parser.add_argument("--tpot-slo-ms", type=float, default=300.0,
+                        help="decode latency target (default 300: a 2-core CPU decodes a step in ~100 ms)")
+    parser.add_argument("--window", default="20s",
+                        help="stretch of the conv trace to replay live (default 20s: at x0.1, about 200 s of replay)")
+    parser.add_argument("--rate-scale", type=float, default=0.1, help="live replay rate scale (default 0.1)")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--admin-port", type=int, default=30100)
-    parser.add_argument("--out", default="runs/demo", help="folder for the worker log")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from transformers import AutoTokenizer
 
+    from harvest.cli.main import main as harvest_main
     from harvest.models import resolve_model_path
     from harvest.stats_table import print_stats_table
     from harvest.worker_client import read_stats
     from harvest.worker_process import WorkerProcess
 
     console = Console()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model_path(args.model_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=False) for p in DEMO_PROMPTS]
-    worker = WorkerProcess(["--model-path", str(model_path), "--max-total-tokens", "16384"], args.port,
-                           args.admin_port, Path(args.out) / "worker.log")
-    with console.status("starting harvest serve (SGLang decode worker) ..."):
+    job = yaml.safe_load(DEMO_JOB.read_text())
+    job.update(model_name_or_path=str(model_path), dataset_dir=str(DEMO_JOB.parent),
+               output_dir=str((out / "adapter").resolve()), max_steps=10_000)
+    job_path = out / "demo-job.yaml"
+    job_path.write_text(yaml.safe_dump(job))
+
+    worker = WorkerProcess(
+        ["--model-path", str(model_path), "--max-total-tokens", "16384", "--finetune", str(job_path),
+         "--tpot-slo-ms", str(args.tpot_slo_ms)],
+        args.port, args.admin_port, out / "worker.log",
+    )
+    console.rule("1. harvest serve: SGLang decode worker + LoRA job inside")
+    with console.status("starting the worker (about a minute on a CPU) ..."):
         started = time.perf_counter()
         worker.start()
-    console.print(f"worker ready in {time.perf_counter() - started:.0f} s at {worker.url}, admin {worker.admin_url}")
+    console.print(f"ready in {time.perf_counter() - started:.0f} s: {worker.url}, admin {worker.admin_url}, "
+                  f"worker log {worker.log_path}")
     try:
-        results, elapsed_s = asyncio.run(_send_all(worker.url, prompts, args.max_new_tokens))
-        num_tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
-        console.print(f"{len(results)} concurrent requests, {num_tokens} tokens in {elapsed_s:.2f} s "
-                      "(fake transfer: prompts are not prefilled, so the text is the model decoding from empty KV)")
-        for prompt, result in zip(DEMO_PROMPTS, results):
-            console.print(f"  [bold]{prompt}[/bold] -> {result['text'][:60]!r}")
+        console.rule(f"2. live replay: {args.window} of the conv trace at x{args.rate_scale}")
+        harvest_main(["replay", "--trace", "conv", "--window", args.window, "--rate-scale", str(args.rate_scale),
+                      "--max-context-tokens", "256", "--max-generated-tokens", "32", "--concurrency", "8",
+                      "--drain-s", "120", "--tpot-ms", str(args.tpot_slo_ms), "--target", worker.url,
+                      "--admin", worker.admin_url, "--out", str(out / "live")])
         print_stats_table(read_stats(worker.admin_url), console)
     finally:
+        console.rule("3. stop: the finetune job checkpoints, every process exits")
         code = worker.stop()
-    console.print(f"worker stopped (exit code {code})")
-    return 0
-
-
-async def _send_all(url: str, prompts: list[list[int]], max_new_tokens: int):
-    import httpx
-
-    from harvest.worker_client import generate_prefilled
-
-    async with httpx.AsyncClient(timeout=300) as client:
-        started = time.perf_counter()
-        results = await asyncio.gather(*(generate_prefilled(client, url, ids, max_new_tokens, room)
-                                         for room, ids in enumerate(prompts)))
-    return results, time.perf_counter() - started
+    console.print(f"worker exit code {code}; adapter checkpoints in {out / 'adapter'}")
+    console.rule("4. simulated replay of the full one-hour conv trace, every policy")
+    return harvest_main(["replay", "--trace", "conv", "--simulate", "--out", str(out / "sim")])
