@@ -58,11 +58,17 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         if not runtime.wants_kv_lending or runner.is_draft_worker:
             return init_pools(runner, *args, **kwargs)
         reason = kv_lending_unsupported(runner)
+        allocator_config = None if reason else allocator_config_for(runner, runtime.config)
+        if allocator_config is not None and allocator_config.num_chunks < 2:
+            reason = (f"the KV pool is one chunk of {allocator_config.slots_per_chunk} slots and chunk 0 is never "
+                      "lent: raise --max-total-tokens or lower --kv-block-kib")
         if reason is not None:
             runtime.refuse_kv_lending(reason)
             logger.warning("harvest: KV lending off: %s", reason)
             return init_pools(runner, *args, **kwargs)
-        allocator = unified_allocator_for(runner, runtime.config)
+        from allocator import UnifiedAllocator
+
+        allocator = UnifiedAllocator(allocator_config)
         with chunked_pool_classes(allocator):
             result = init_pools(runner, *args, **kwargs)
         from allocator.chunk_token_allocator import ChunkTokenToKVPoolAllocator
@@ -134,22 +140,21 @@ def kv_lending_unsupported(runner) -> str | None:
     return None
 
 
-def unified_allocator_for(runner, config: ServeConfig):
-    """A unified allocator whose chunks cover the KV pool SGLang is about to build. T_release is one TPOT
+def allocator_config_for(runner, serve_config: ServeConfig):
+    """Unified allocator chunks covering the KV pool SGLang is about to build. T_release is one TPOT
     target: reclaim runs between decode steps, so lent memory is back within one step, and the HARLI
     reserve is one step's growth of the largest batch."""
     import torch
 
-    from allocator import AllocatorConfig, UnifiedAllocator
+    from allocator import AllocatorConfig
 
     is_cuda = str(runner.device).startswith("cuda")
-    config = AllocatorConfig.for_kv_pool(
+    return AllocatorConfig.for_kv_pool(
         runner.num_effective_layers, runner.model_config.get_num_kv_heads(1), runner.model_config.head_dim,
         torch.empty((), dtype=runner.kv_cache_dtype).element_size(), runner.max_total_num_tokens,
-        granularity_bytes=config.kv_block_kib * 1024, backend="cuda" if is_cuda else "host",
-        device_index=runner.gpu_id if is_cuda else 0, release_ms=config.tpot_slo_ms,
-        tpot_target_ms=config.tpot_slo_ms, max_batch=runner.max_running_requests)
-    return UnifiedAllocator(config)
+        granularity_bytes=serve_config.kv_block_kib * 1024, backend="cuda" if is_cuda else "host",
+        device_index=runner.gpu_id if is_cuda else 0, release_ms=serve_config.tpot_slo_ms,
+        tpot_target_ms=serve_config.tpot_slo_ms, max_batch=runner.max_running_requests)
 
 
 @contextlib.contextmanager
