@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import free_port
 
+from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.worker_process import WorkerProcess
 from traces.trace_loader import load_trace
 
@@ -19,9 +20,11 @@ MAX_GENERATED_TOKENS = 6
 
 def test_live_replay_writes_results_with_every_field(tiny_model_dir, tmp_path, harvest_cli):
     """The tiny model's context is 2048 tokens, so lengths are capped; the worker's own step records must
-    account for every token the replay asked for (fake transfer: every output token is a decode step)."""
+    account for every token the replay asked for, and the finetune job inside it for its progress."""
     expected = load_trace("conv").window(0, WINDOW_S).cap_lengths(MAX_CONTEXT_TOKENS, MAX_GENERATED_TOKENS)
-    args = ["--model-path", str(tiny_model_dir), "--max-total-tokens", "4096"]
+    job = write_tiny_job(tmp_path, model_name_or_path=str(tiny_model_dir), max_steps=100_000, save_steps=10**6)
+    args = ["--model-path", str(tiny_model_dir), "--max-total-tokens", "4096", "--finetune", str(job),
+            "--tpot-slo-ms", "500"]
     with WorkerProcess(args, free_port(), free_port(), tmp_path / "worker.log") as worker:
         out = tmp_path / "live"
         proc = subprocess.run(
@@ -63,11 +66,12 @@ def test_live_replay_writes_results_with_every_field(tiny_model_dir, tmp_path, h
     assert decode["num_tokens_returned"] == decode["num_tokens_asked"] == expected.num_generated_tokens
     # Steps decode every token but each request's first, which comes with its prefill (fake transfer metadata).
     assert decode["num_tokens"] == expected.num_generated_tokens - expected.num_requests
-    assert decode["num_steps"] >= MAX_GENERATED_TOKENS
+    assert decode["num_steps"] >= MAX_GENERATED_TOKENS - 1
     assert 0 < decode["step_latency_ms_p50"] <= decode["step_latency_ms_p99"] <= decode["step_latency_ms_max"]
     assert 0 < decode["tpot_ms_p50"] <= decode["tpot_ms_p90"] <= decode["tpot_ms_p99"]
     assert 0 <= decode["step_slo_attainment"] <= 1
     assert {"tokens_per_s", "samples_per_s", "ratio_to_separate"} <= set(live["finetune"])
+    assert live["finetune"]["tokens_per_s"] > 0 and live["finetune"]["samples_per_s"] > 0, live["finetune"]
     assert len(live["tpot_cdf_ms"]) > 0 and np.all(np.diff(live["tpot_cdf_ms"]) >= 0)
     assert any(v is not None for v in live["series"]["step_latency_ms"])
     for name in ("tpot_cdf.png", "finetune_throughput.png", "sm_split_latency.png", "memory_window.png"):
