@@ -66,9 +66,10 @@ MEMORY_PRESETS = {
     "h100-llama3-8b": DeviceMemory(
         "h100-llama3-8b", 52 * GIB // (128 << 10), 128 << 10, 32, 436_000_000, 4 * GIB, 25e9
     ),
-    # The CPU demo: SmolLM2-135M in fp32 (30 layers x 3 KV heads x 64 x 2 x 4 B = 46 KiB per token), the
-    # KV pool `harvest demo` starts with (16384 tokens), a 4.5 M-param frozen layer.
-    "cpu-smollm2-135m": DeviceMemory("cpu-smollm2-135m", 16384, 46080, 30, 18_000_000, 200_000_000, 10e9),
+    # The CPU demo: SmolLM2-135M served with an fp16 KV cache (30 layers x 3 KV heads x 64 x 2 x 2 B = 22.5 KiB
+    # per token), the KV pool `harvest demo` starts with (16384 tokens), a 3.54 M-param fp32 frozen layer
+    # (14.16 MB, measured as the engine's resident bytes / 30).
+    "cpu-smollm2-135m": DeviceMemory("cpu-smollm2-135m", 16384, 23040, 30, 14_160_384, 200_000_000, 10e9),
 }
 
 
