@@ -36,7 +36,6 @@ import json
 import os
 import random
 import shlex
-import socket
 import statistics
 import sys
 import time
@@ -44,8 +43,8 @@ from pathlib import Path
 
 import httpx
 
-from harvest.worker_client import prefilled_request
-from harvest.worker_process import WorkerProcess
+from harvest.worker_client import prefilled_request, read_last_step_seq, read_steps_since
+from harvest.worker_process import WorkerProcess, free_ports
 
 TARGET_RATIO = 1.02
 EDGE_GAPS = 4  # requests join and leave the batch over a few scheduler loops
@@ -94,7 +93,7 @@ def run(args: argparse.Namespace) -> dict:
         flags.append("--sleep-on-idle")
     plain_argv = build_sglang_argv(str(model_path), flags, is_cpu_host)
     env = CPU_ENGINE_ENV if is_cpu_host else None
-    ports = _free_ports(3)
+    ports = free_ports(3)
     plain_command = [sys.executable, "-m", "sglang.launch_server"]
     if args.control:
         tested = WorkerProcess(plain_argv, ports[0], 0, log_dir / "plain_a.log", command=plain_command, env=env)
@@ -137,12 +136,12 @@ def _measure(workers: dict[str, WorkerProcess], args: argparse.Namespace) -> dic
             asyncio.run(workload.send(worker.url))
     names = list(workers)  # [tested, baseline]
     is_harvest = "harvest" in workers
-    hook_since = _last_hook_seq(workers["harvest"].admin_url) if is_harvest else 0
+    hook_since = read_last_step_seq(workers["harvest"].admin_url) if is_harvest else 0
     rounds = {name: [] for name in names}
     for r in range(args.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             rounds[name].append(asyncio.run(workload.send(workers[name].url)))
-    hook_steps = _hook_steps_since(workers["harvest"].admin_url, hook_since) if is_harvest else []
+    hook_steps = read_steps_since(workers["harvest"].admin_url, hook_since) if is_harvest else []
     if args.timeline_out:
         Path(args.timeline_out).write_text(json.dumps(
             {name: [r.timelines for r in rounds[name]] for name in names} | {"harvest_hook_steps": hook_steps}))
@@ -253,35 +252,6 @@ def _summarize(rounds: list[RoundResult]) -> dict:
     }
 
 
-def _last_hook_seq(admin_url: str) -> int:
-    return httpx.get(f"{admin_url}/harvest/stats", timeout=10).json()["decode"]["decode_steps"]
-
-
-def _hook_steps_since(admin_url: str, seq: int) -> list[dict]:
-    steps = []
-    while True:
-        records = httpx.get(f"{admin_url}/harvest/steps", params={"since": seq, "limit": 1000},
-                            timeout=10).json()["steps"]
-        if not records:
-            return steps
-        steps += records
-        seq = records[-1]["seq"]
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct free ports below 40000: SGLang derives side ports (gRPC = port + 3000) that must stay valid."""
-    ports = []
-    for port in random.sample(range(20000, 37000), 400):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        if all(abs(port - p) > 10 for p in ports):
-            ports.append(port)
-        if len(ports) == count:
-            return ports
-    raise RuntimeError("no free ports in 20000-37000")
 
 
 def _device_name(is_cpu_host: bool) -> str:

@@ -23,6 +23,24 @@ async def generate_prefilled(client: httpx.AsyncClient, url: str, input_ids: lis
     return response.json()
 
 
+def read_last_step_seq(admin_url: str, timeout_s: float = 30.0) -> int:
+    """Sequence number of the newest step record: pass it to read_steps_since to get the steps after it."""
+    return read_stats(admin_url, timeout_s)["decode"]["decode_steps"]
+
+
+def read_steps_since(admin_url: str, since: int, timeout_s: float = 30.0) -> list[dict]:
+    """Every step record after sequence number `since`, page by page."""
+    steps = []
+    while True:
+        response = httpx.get(f"{admin_url}/harvest/steps", params={"since": since, "limit": 10_000}, timeout=timeout_s)
+        response.raise_for_status()
+        page = response.json()
+        if not page["steps"]:
+            return steps
+        steps += page["steps"]
+        since = page["next"]
+
+
 def read_stats(admin_url: str, timeout_s: float = 10.0) -> dict:
     response = httpx.get(f"{admin_url}/harvest/stats", timeout=timeout_s)
     response.raise_for_status()

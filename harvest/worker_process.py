@@ -4,7 +4,9 @@ Used by `harvest demo`, the benchmarks and the end-to-end tests: the same proces
 """
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -87,3 +89,19 @@ class WorkerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free ports below 40000: SGLang derives side ports (gRPC = port + 3000) that must stay valid."""
+    ports = []
+    for port in random.sample(range(20000, 37000), 400):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if all(abs(port - p) > 10 for p in ports):
+            ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError("no free ports in 20000-37000")

@@ -1,9 +1,9 @@
 import os
-import random
-import socket
 import sys
 
 import pytest
+
+from harvest.worker_process import free_ports
 
 # Test processes share the harvest conventions of the CLI edge: no hub access, SGLang's CPU engine on CPU hosts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,15 +44,7 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def free_port() -> int:
-    """A free port below 40000: SGLang derives side ports (gRPC = port + 3000) that must stay valid."""
-    for port in random.sample(range(20000, 40000), 200):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-40000")
+    return free_ports(1)[0]
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from conftest import free_port
 from harvest.finetune.demo.make_dataset import DATASET_NAME, DEMO_DIR
 from harvest.models import ensure_embedded_model
 from harvest.replay.live_replay import LiveReplay
-from harvest.worker_client import read_stats
+from harvest.worker_client import read_last_step_seq, read_stats, read_steps_since
 from harvest.worker_process import WorkerProcess
 from traces.trace_loader import load_trace
 
@@ -50,9 +50,9 @@ def start_worker(model_dir, tmp_path, name, *extra) -> WorkerProcess:
 
 
 def replay_steps(worker: WorkerProcess, tpot_slo_ms: float) -> list[dict]:
-    since = read_stats(worker.admin_url)["decode"]["decode_steps"]
+    since = read_last_step_seq(worker.admin_url)
     LiveReplay(worker.url, worker.admin_url, tpot_slo_ms, max_concurrency=16).run(conv_slice())
-    return httpx.get(f"{worker.admin_url}/harvest/steps", params={"since": since, "limit": 10_000}).json()["steps"]
+    return read_steps_since(worker.admin_url, since)
 
 
 def test_finetune_harvests_slack_within_the_tpot_slo(tmp_path):

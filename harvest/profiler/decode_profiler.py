@@ -18,7 +18,7 @@ import statistics
 import httpx
 
 from harvest.errors import HarvestError
-from harvest.worker_client import generate_prefilled
+from harvest.worker_client import generate_prefilled, read_last_step_seq, read_steps_since
 from predictor.partition_grid import PartitionGrid
 from predictor.samples import Sample
 from predictor.sampling_plan import SamplePoint
@@ -55,9 +55,9 @@ class DecodeProfiler:
         num_new_tokens = NUM_WARMUP_STEPS + self.num_repeats + SPARE_STEPS
         # KV grows by one token per step: start half the run below seq_len so the mean lands on it.
         prompt_len = max(1, point.seq_len - num_new_tokens // 2)
-        since = self._last_seq()
+        since = read_last_step_seq(self.admin_url)
         asyncio.run(self._send_batch(point.batch_size, prompt_len, num_new_tokens))
-        steps = [s for s in self._steps_since(since) if s["batch_size"] == point.batch_size]
+        steps = [s for s in read_steps_since(self.admin_url, since) if s["batch_size"] == point.batch_size]
         timed = steps[NUM_WARMUP_STEPS:NUM_WARMUP_STEPS + self.num_repeats]
         if len(timed) < self.num_repeats:
             raise _TooFewSteps(
@@ -87,18 +87,6 @@ class DecodeProfiler:
                                                                          range(prompt_len)], num_new_tokens, room)
                                    for room in rooms))
 
-    def _last_seq(self) -> int:
-        return httpx.get(f"{self.admin_url}/harvest/stats", timeout=30).json()["decode"]["decode_steps"]
-
-    def _steps_since(self, since: int) -> list[dict]:
-        steps = []
-        while True:
-            page = httpx.get(f"{self.admin_url}/harvest/steps", params={"since": since, "limit": 10_000},
-                             timeout=30).json()
-            if not page["steps"]:
-                return steps
-            steps += page["steps"]
-            since = page["next"]
 
 
 class _TooFewSteps(Exception):
