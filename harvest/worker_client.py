@@ -1,5 +1,8 @@
 """HTTP calls to a running harvest worker: pre-filled decode requests and admin reads."""
 
+import time
+from collections.abc import Callable
+
 import httpx
 
 # With the `fake` transfer backend a decode worker treats a request from this bootstrap host as already
@@ -45,3 +48,18 @@ def read_stats(admin_url: str, timeout_s: float = 10.0) -> dict:
     response = httpx.get(f"{admin_url}/harvest/stats", timeout=timeout_s)
     response.raise_for_status()
     return response.json()
+
+
+def wait_for_stats(admin_url: str, predicate: Callable[[dict], bool], what: str, timeout_s: float = 300.0) -> dict:
+    """Poll /harvest/stats until `predicate` holds; a finetune job that failed meanwhile ends the wait at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = read_stats(admin_url)
+        if predicate(stats):
+            return stats
+        finetune = stats.get("finetune") or {}
+        if finetune.get("state") == "failed":
+            raise AssertionError(f"finetune job failed while waiting for {what}: {finetune.get('error')}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}: {stats}")
+        time.sleep(0.5)

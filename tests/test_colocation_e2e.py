@@ -14,7 +14,7 @@ from conftest import free_port
 from harvest.finetune.demo.make_dataset import DATASET_NAME, DEMO_DIR
 from harvest.models import ensure_embedded_model
 from harvest.replay.live_replay import LiveReplay
-from harvest.worker_client import read_last_step_seq, read_stats, read_steps_since
+from harvest.worker_client import read_last_step_seq, read_stats, read_steps_since, wait_for_stats
 from harvest.worker_process import WorkerProcess
 from traces.trace_loader import load_trace
 
@@ -68,7 +68,7 @@ def test_finetune_harvests_slack_within_the_tpot_slo(tmp_path):
 
     job = write_job(tmp_path, model_dir)
     with start_worker(model_dir, tmp_path, "colo", "--finetune", str(job), "--tpot-slo-ms", f"{tpot_slo_ms:.1f}") as w:
-        _wait_for_state(w, "running", timeout_s=300)
+        wait_for_stats(w.admin_url, lambda s: s["finetune"]["state"] == "running", "the job running")
         steps = replay_steps(w, tpot_slo_ms)
         stats = read_stats(w.admin_url)
 
@@ -95,7 +95,7 @@ def test_finetune_failure_leaves_serving_running(tmp_path, tiny_model_dir):
     job = write_job(tmp_path, tiny_model_dir, lora_target="no_such_module")
     with start_worker(tiny_model_dir, tmp_path, "fail", "--finetune", str(job), "--tpot-slo-ms", "500",
                       "--max-total-tokens", "4096") as worker:
-        stats = _wait_for_state(worker, "failed", timeout_s=300)
+        stats = wait_for_stats(worker.admin_url, lambda s: s["finetune"]["state"] == "failed", "the job failing")
         assert "no_such_module" in stats["finetune"]["error"], stats["finetune"]
         before = read_stats(worker.admin_url)["decode"]["decode_tokens"]
         trace = load_trace("poisson:rate=4,duration=3,seed=1").cap_lengths(32, 8)
@@ -111,7 +111,7 @@ def test_pause_resume_and_admin_auth(tmp_path, tiny_model_dir):
     token = "s3cret-token"
     with start_worker(tiny_model_dir, tmp_path, "admin", "--finetune", str(job), "--tpot-slo-ms", "500",
                       "--max-total-tokens", "4096", "--admin-token", token) as worker:
-        _wait_for_state(worker, "running", timeout_s=300)
+        wait_for_stats(worker.admin_url, lambda s: s["finetune"]["state"] == "running", "the job running")
         base = f"{worker.admin_url}/harvest/finetune"
         assert httpx.post(f"{base}/pause").status_code == 401
         assert httpx.post(f"{base}/pause", headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -130,14 +130,3 @@ def test_pause_resume_and_admin_auth(tmp_path, tiny_model_dir):
         time.sleep(3)
         assert read_stats(worker.admin_url)["finetune"]["num_units"] > units + 1
 
-
-def _wait_for_state(worker: WorkerProcess, state: str, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = read_stats(worker.admin_url)
-        if stats["finetune"]["state"] == state:
-            return stats
-        if stats["finetune"]["state"] == "failed" and state != "failed":
-            raise AssertionError(f"finetune job failed: {stats['finetune']['error']}")
-        time.sleep(1)
-    raise AssertionError(f"finetune job never reached {state!r}: {stats['finetune']}")

@@ -11,7 +11,7 @@ import yaml
 
 from conftest import free_port
 from harvest.finetune.demo.make_dataset import DATASET_NAME, DEMO_DIR
-from harvest.worker_client import generate_prefilled, read_stats
+from harvest.worker_client import generate_prefilled, read_stats, wait_for_stats
 from harvest.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.sglang
@@ -37,16 +37,6 @@ def write_job(tmp_path, model_dir):
     return path
 
 
-def wait_for(admin_url: str, predicate, what: str, timeout_s: float = 300.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = read_stats(admin_url)
-        if predicate(stats):
-            return stats
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}: {stats}")
-
-
 async def burst(url: str) -> list[list[int]]:
     async with httpx.AsyncClient(timeout=300) as client:
         results = await asyncio.gather(*(
@@ -60,9 +50,9 @@ def run_burst(model_dir, tmp_path, name, *extra) -> tuple[list[list[int]], dict,
     job = write_job(tmp_path / name, model_dir)
     args = ["--model-path", str(model_dir), *KV_FLAGS, "--finetune", str(job), "--tpot-slo-ms", "500", *extra]
     with WorkerProcess(args, free_port(), free_port(), tmp_path / f"{name}.log") as worker:
-        before = wait_for(worker.admin_url, lambda s: s["finetune"].get("step", 0) >= 3, "finetune steps")
+        before = wait_for_stats(worker.admin_url, lambda s: s["finetune"].get("step", 0) >= 3, "finetune steps")
         if "--no-kv-lending" not in extra:
-            before = wait_for(worker.admin_url, lambda s: s["memory"]["chunks_lent"] > 0, "a lent chunk")
+            before = wait_for_stats(worker.admin_url, lambda s: s["memory"]["chunks_lent"] > 0, "a lent chunk")
         outputs = asyncio.run(burst(worker.url))
         time.sleep(1.0)  # the lender's stats copy refreshes every 0.5 s
         after = read_stats(worker.admin_url)

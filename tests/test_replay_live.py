@@ -8,6 +8,7 @@ import pytest
 from conftest import free_port
 
 from harvest.finetune.demo.tiny_job import write_tiny_job
+from harvest.worker_client import wait_for_stats
 from harvest.worker_process import WorkerProcess
 from traces.trace_loader import load_trace
 
@@ -26,6 +27,8 @@ def test_live_replay_writes_results_with_every_field(tiny_model_dir, tmp_path, h
     args = ["--model-path", str(tiny_model_dir), "--max-total-tokens", "4096", "--finetune", str(job),
             "--tpot-slo-ms", "500"]
     with WorkerProcess(args, free_port(), free_port(), tmp_path / "worker.log") as worker:
+        # The job loads its model and data after the worker is up; on a slow host that can outlast the window.
+        wait_for_stats(worker.admin_url, lambda s: s["finetune"].get("step", 0) >= 1, "the first finetune step")
         out = tmp_path / "live"
         proc = subprocess.run(
             [
