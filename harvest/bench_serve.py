@@ -252,8 +252,6 @@ def _summarize(rounds: list[RoundResult]) -> dict:
     }
 
 
-
-
 def _device_name(is_cpu_host: bool) -> str:
     from harvest.profiler.host_facts import cpu_model_name
 

@@ -129,4 +129,3 @@ def test_pause_resume_and_admin_auth(tmp_path, tiny_model_dir):
         assert resumed.status_code == 200 and resumed.json()["state"] in ("running", "waiting", "starved")
         time.sleep(3)
         assert read_stats(worker.admin_url)["finetune"]["num_units"] > units + 1
-

@@ -11,7 +11,7 @@ os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 import pytest
 import torch
 
-from harvest.finetune import FinetuneConfig, FinetuneEngine
+from harvest.finetune import FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.native.cuda_driver import ensure_driver_or_stub
 

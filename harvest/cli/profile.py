@@ -8,12 +8,12 @@ built yet: measure samples there and fit them with `harvest predictor fit --samp
 
 import argparse
 import json
-from collections import Counter, deque
 import os
 import random
 import statistics
 import tempfile
 import time
+from collections import Counter, deque
 from pathlib import Path
 
 

