@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 class HarvestRuntime:
     def __init__(self, config: ServeConfig):
         self.config = config
+        self.profile = _load_profile(config)
+        self.is_spatial = _is_spatial(config, self.profile)
         self.stats = StepStats(config.stats_window_steps)
         self.metrics = HarvestMetrics()
         self.controller = None
@@ -37,7 +39,7 @@ class HarvestRuntime:
     def wants_kv_lending(self) -> bool:
         """Lend free KV memory to the job: only with temporal co-location, where units run in the scheduler
         thread, the one thread that may touch KV slots (spatial units run in a thread of their own)."""
-        return self.config.finetune is not None and self.config.kv_lending and not _is_spatial(self.config)
+        return self.config.finetune is not None and self.config.kv_lending and not self.is_spatial
 
     def attach_kv_pool(self, allocator) -> None:
         """SGLang's KV pool was built over the unified allocator (sglang_plugin): lend from it."""
@@ -52,7 +54,7 @@ class HarvestRuntime:
     def start(self, serve_admin: bool) -> None:
         """The scheduler is built: build the controller, start the finetune job's construction and the admin API."""
         if self.config.finetune is not None:
-            self.controller = _build_controller(self.config, self.lender)
+            self.controller = _build_controller(self.config, self.profile, self.is_spatial, self.lender)
             self.job.start()
         if serve_admin:
             from harvest.admin.admin_server import AdminServer
@@ -141,16 +143,21 @@ class HarvestRuntime:
         return self.metrics.render()
 
 
-def _is_spatial(config: ServeConfig) -> bool:
-    """Spatial co-location where the profile has co-run partitions and the device is a GPU; else temporal."""
-    if config.profile_path is None or not config.finetune.device.startswith("cuda"):
-        return False
+def _load_profile(config: ServeConfig):
+    """The latency profile the planner uses: only with a finetune job and --profile."""
+    if config.finetune is None or config.profile_path is None:
+        return None
     from predictor import Profile
 
-    return Profile.load(config.profile_path).latency_model.has_colo
+    return Profile.load(config.profile_path)
 
 
-def _build_controller(config: ServeConfig, lender):
+def _is_spatial(config: ServeConfig, profile) -> bool:
+    """Spatial co-location where the profile has co-run partitions and the device is a GPU; else temporal."""
+    return profile is not None and config.finetune.device.startswith("cuda") and profile.latency_model.has_colo
+
+
+def _build_controller(config: ServeConfig, profile, is_spatial: bool, lender):
     """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
     measured time, so no prediction can be wrong (stats say so)."""
     from harvest.colocation import FinetuneJob, StepController
@@ -158,15 +165,14 @@ def _build_controller(config: ServeConfig, lender):
 
     job = FinetuneJob(config.finetune, weight_memory=None if lender is None else lender.weight_memory)
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
-    if config.profile_path is None:
+    if profile is None:
         return StepController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
                               "minus its measured time", lender)
-    from predictor import Profile, SplitPlanner
+    from predictor import SplitPlanner
 
-    profile = Profile.load(config.profile_path)
     planner = SplitPlanner(profile, config.tpot_slo_ms)
     source = f"profile {config.profile_path} ({profile.device_name}), online correction on"
-    if _is_spatial(config):
+    if is_spatial:
         from harvest.colocation.green_partitions import GreenPartitions
         from harvest.colocation.spatial_controller import SpatialController
 

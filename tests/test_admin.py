@@ -1,15 +1,19 @@
 """The admin API and the step accounting behind it, without a worker."""
 
 import time
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from harvest.admin.admin_app import create_admin_app
+from harvest.colocation.finetune_job import FinetuneSpec
 from harvest.config import AdminConfig, ServeConfig
 from harvest.decode_step import DecodeStep
 from harvest.errors import HarvestError
 from harvest.runtime import HarvestRuntime
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def make_runtime(window_steps=4) -> HarvestRuntime:
@@ -70,3 +74,24 @@ def test_off_loopback_admin_needs_token(host):
 def test_loopback_admin_needs_no_token():
     for host in ["127.0.0.1", "localhost", "::1"]:
         assert AdminConfig(host=host).token is None
+
+
+@pytest.mark.parametrize(
+    ("device", "profile", "is_spatial"),
+    [
+        ("cpu", "predictor/profiles/cpu-smollm2-135m.json", False),
+        ("cpu", "harvest/replay/profiles/synthetic-h100-llama3-8b.json", False),  # co-run model, but no GPU
+        ("cuda", "predictor/profiles/cpu-smollm2-135m.json", False),  # a GPU, but no co-run model
+        ("cuda", "harvest/replay/profiles/synthetic-h100-llama3-8b.json", True),
+    ],
+)
+def test_runtime_reads_its_profile_once_and_lends_kv_only_when_temporal(device, profile, is_spatial):
+    """Spatial co-location needs a GPU and a co-run profile; its units run outside the scheduler thread,
+    so only temporal co-location lends KV memory."""
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneSpec("job.yaml", device=device), tpot_slo_ms=100.0,
+                         profile_path=str(REPO / profile))
+    runtime = HarvestRuntime(config)
+    assert runtime.profile is not None and runtime.profile.device_name
+    assert runtime.is_spatial is is_spatial and runtime.wants_kv_lending is not is_spatial
+    assert HarvestRuntime(ServeConfig(admin=AdminConfig(), profile_path=str(REPO / profile),
+                                      tpot_slo_ms=100.0)).profile is None, "no job: no planner, no profile read"
