@@ -126,8 +126,7 @@ class FinetuneJob:
         self._phase = FinetuneState.RUNNING
         self._last_unit_s = time.monotonic()
         self._num_units += 1
-        if result.kind == "embed":  # a sample's tokens pass every unit of its step: count them once
-            self._num_tokens += result.num_tokens
+        self._num_tokens += result.num_trained_tokens
         self._unit_ms_total += result.duration_ms
         if result.is_step_end:
             self._refresh_stats()

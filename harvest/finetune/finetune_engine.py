@@ -44,6 +44,12 @@ class UnitResult:
     loss: float | None
     """The finished step's loss (summed over its micro-batches, as the HF Trainer logs it)."""
 
+    @property
+    def num_trained_tokens(self) -> int:
+        """Tokens this unit adds to the job's count: a chunk's tokens pass every unit of its step, so only
+        its embedding unit counts them."""
+        return self.num_tokens if self.kind == "embed" else 0
+
 
 @dataclass(frozen=True, slots=True)
 class _Unit:

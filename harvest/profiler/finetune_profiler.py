@@ -64,8 +64,7 @@ class FinetuneProfiler:
                 measure_s = time.perf_counter() - timed_started
             args = engine.job.training_args
             samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        # Each micro-batch chunk is embedded once per step: its non-padding tokens are the step's tokens.
-        num_tokens = sum(r.num_tokens for r in results if r.kind == "embed")
+        num_tokens = sum(r.num_trained_tokens for r in results)
         num_samples = samples_per_step * self.num_steps
         units_ms = sum(r.duration_ms for r in results)
         throughput = FinetuneThroughput(
