@@ -26,10 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from harvest.native.cuda_driver import ensure_driver_or_stub
+    from base.cuda_driver import ensure_driver_or_stub
     ensure_driver_or_stub()
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    from allocator.chunk_token_allocator import ChunkTokenToKVPoolAllocator
+    from harvest.sglang.chunk_token_allocator import ChunkTokenToKVPoolAllocator
 
     torch.set_num_threads(args.torch_threads)
     shape = SMOLLM2_135M

@@ -14,7 +14,7 @@ import torch
 from allocator.backend import Backend
 from allocator.chunk_ledger import ChunkLedger, ChunkState
 from allocator.config import AllocatorConfig
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 ALIGN_BYTES = 512  # every tensor starts 512-byte aligned, as torch's CUDA caching allocator does
 

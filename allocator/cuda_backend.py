@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import torch
 
 from allocator.native_vmm import check_cuda, cuda_library, u64_array
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 
 class _DeviceRange:

@@ -5,7 +5,7 @@ import errno
 import os
 from functools import cache
 
-from harvest.native import native_library
+from base.native import native_library
 
 HOST_LIBRARY = "vmm/libharvest_vmm_host.so"
 CUDA_LIBRARY = "vmm/libharvest_vmm_cuda.so"

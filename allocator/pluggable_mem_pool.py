@@ -14,8 +14,8 @@ import torch
 
 from allocator.native_vmm import CUDA_LIBRARY, check_host, cuda_library
 from allocator.unified_allocator import UnifiedAllocator
-from harvest.errors import HarvestError
-from harvest.native import native_library
+from base.errors import HarvestError
+from base.native import native_library
 
 
 class PluggableMemPool:

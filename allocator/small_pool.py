@@ -7,7 +7,7 @@ import torch
 from allocator.backend import Backend
 from allocator.buddy_allocator import MIN_BYTES, BuddyAllocator
 from allocator.chunk_pool import OutOfLentMemory, tensor_bytes
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 
 class SmallPool:

@@ -14,7 +14,7 @@ from allocator.backend import Backend
 from allocator.chunk_pool import ChunkPool, OutOfLentMemory, tensor_bytes
 from allocator.config import AllocatorConfig
 from allocator.small_pool import SmallPool
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 
 class KvSlots(Protocol):

@@ -1,6 +1,6 @@
 """harvest: finetune LoRA adapters inside an SGLang decode worker, on what decode leaves idle (HARLI)."""
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 __all__ = ["HarvestError"]
 __version__ = "0.1.0"

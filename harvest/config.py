@@ -3,8 +3,8 @@
 import ipaddress
 from dataclasses import dataclass
 
+from base.errors import HarvestError
 from harvest.colocation.finetune_job import FinetuneSpec
-from harvest.errors import HarvestError
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The harvest side of a decode worker: sees every decode step, runs the co-located finetune job in
 what the step leaves, keeps stats, serves the admin API.
 
-Lives in SGLang's scheduler process; `harvest.sglang_plugin` calls it, with SGLang's objects already
+Lives in SGLang's scheduler process; `harvest.sglang.hooks` calls it, with SGLang's objects already
 reduced to a `DecodeStep`, so nothing here depends on SGLang.
 """
 
@@ -9,10 +9,10 @@ import contextlib
 import logging
 import time
 
+from base.errors import HarvestError
 from harvest.admin.metrics import HarvestMetrics
 from harvest.config import ServeConfig
 from harvest.decode_step import DecodeStep
-from harvest.errors import HarvestError
 from harvest.step_stats import StepStats
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class HarvestRuntime:
         return self.config.finetune is not None and self.config.kv_lending and not self.is_spatial
 
     def attach_kv_pool(self, allocator) -> None:
-        """SGLang's KV pool was built over the unified allocator (sglang_plugin): lend from it."""
+        """SGLang's KV pool was built over the unified allocator (harvest.sglang.hooks): lend from it."""
         from harvest.colocation.kv_lender import KvLender
 
         self.lender = KvLender(allocator)

@@ -11,7 +11,6 @@ import numpy as np
 
 from harvest.decode_step import DecodeStep
 
-
 HISTORY_STEPS = 20_000  # per-step records kept for /harvest/steps (a few MB; minutes of steps on a GPU)
 
 

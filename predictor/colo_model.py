@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.config import PredictorConfig
 from predictor.json_reader import JsonReader
 
@@ -67,7 +67,9 @@ class ColoModel:
         cls, infer_ratio: np.ndarray, ft_ratio: np.ndarray, ratio: np.ndarray, config: PredictorConfig
     ) -> "ColoModel":
         """Fit from co-run samples: `ratio` = measured co-run latency / stage-1 solo prediction."""
-        from sklearn.model_selection import KFold  # lazily: see solo_model._fit_partition
+        from sklearn.model_selection import (
+            KFold,  # lazily: see solo_model._fit_partition
+        )
 
         n = len(ratio)
         if n < config.min_colo_samples:

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 
 @dataclass(frozen=True, slots=True)

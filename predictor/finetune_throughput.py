@@ -3,7 +3,7 @@
 import math
 from dataclasses import dataclass
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.json_reader import JsonReader
 
 

@@ -3,7 +3,7 @@
 import math
 from typing import Any
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 
 class JsonReader:

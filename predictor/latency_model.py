@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.colo_model import ColoModel
 from predictor.config import DEFAULT_CONFIG, PredictorConfig
 from predictor.fit_metrics import FitMetrics

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 # H100 SXM: 132 SMs, green-context groups of 8 (STACK.md). A CPU has one partition: all of it decodes,
 # and finetune units run between decode steps (temporal sharing), so there are no co-run pairs.

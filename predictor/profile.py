@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.config import DEFAULT_CONFIG, PredictorConfig
 from predictor.finetune_throughput import FinetuneThroughput
 from predictor.fit_metrics import FitMetrics

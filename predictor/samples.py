@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 CSV_COLUMNS = ("infer_sm_ratio", "ft_sm_ratio", "batch_size", "seq_len", "latency_ms")
 

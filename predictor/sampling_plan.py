@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.partition_grid import PartitionGrid
 
 

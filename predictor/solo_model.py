@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.config import PredictorConfig
 from predictor.json_reader import JsonReader
 from predictor.partition_grid import PartitionGrid

@@ -13,7 +13,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.config import DEFAULT_CONFIG, PredictorConfig
 from predictor.profile import Profile
 from predictor.residual_tracker import PredictionStats, ResidualTracker

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from harvest.worker_process import free_ports
+from harvest.worker.process import free_ports
 
 # Test processes share the harvest conventions of the CLI edge: no hub access, SGLang's CPU engine on CPU hosts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

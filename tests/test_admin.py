@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from base.errors import HarvestError
 from harvest.admin.admin_app import create_admin_app
 from harvest.colocation.finetune_job import FinetuneSpec
 from harvest.config import AdminConfig, ServeConfig
 from harvest.decode_step import DecodeStep
-from harvest.errors import HarvestError
 from harvest.runtime import HarvestRuntime
 
 REPO = Path(__file__).resolve().parents[1]

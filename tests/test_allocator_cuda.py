@@ -7,7 +7,7 @@ import torch
 from allocator.config import AllocatorConfig
 from allocator.native_vmm import CUDA_LIBRARY, VmmError
 from allocator.unified_allocator import UnifiedAllocator
-from harvest.native import NATIVE_BUILD_DIR
+from base.native import NATIVE_BUILD_DIR
 
 needs_cuda_library = pytest.mark.skipif(not (NATIVE_BUILD_DIR / CUDA_LIBRARY).exists(),
                                         reason="libharvest_vmm_cuda.so not built (no nvcc at set-up)")

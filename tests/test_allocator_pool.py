@@ -14,17 +14,17 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from harvest.native.cuda_driver import ensure_driver_or_stub
+from base.cuda_driver import ensure_driver_or_stub
 
 ensure_driver_or_stub()
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 from allocator.chunk_ledger import ChunkState
 from allocator.chunk_pool import OutOfLentMemory
-from allocator.chunk_token_allocator import ChunkTokenToKVPoolAllocator
 from allocator.config import AllocatorConfig
 from allocator.unified_allocator import UnifiedAllocator
-from harvest.errors import HarvestError
+from base.errors import HarvestError
+from harvest.sglang.chunk_token_allocator import ChunkTokenToKVPoolAllocator
 
 HEADS, HEAD_DIM = 2, 32
 

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from harvest.native.cuda_driver import ensure_driver_or_stub
+from base.cuda_driver import ensure_driver_or_stub
 
 ensure_driver_or_stub()
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
@@ -14,11 +14,11 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-from allocator.chunk_token_allocator import ChunkTokenToKVPoolAllocator
-from allocator.chunked_kv_pool import ChunkedMHATokenToKVPool, adopt_chunk_buffers
 from allocator.config import AllocatorConfig
 from allocator.unified_allocator import UnifiedAllocator
-from harvest.errors import HarvestError
+from base.errors import HarvestError
+from harvest.sglang.chunk_token_allocator import ChunkTokenToKVPoolAllocator
+from harvest.sglang.chunked_kv_pool import ChunkedMHATokenToKVPool, adopt_chunk_buffers
 
 LAYERS, HEADS, HEAD_DIM, SIZE = 3, 2, 32, 700
 

@@ -4,7 +4,6 @@ import socket
 import subprocess
 
 import pytest
-
 from conftest import free_port
 
 

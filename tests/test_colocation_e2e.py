@@ -9,13 +9,18 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-
 from conftest import free_port
+
 from harvest.finetune.demo.make_dataset import DATASET_NAME, DEMO_DIR
 from harvest.models import ensure_embedded_model
 from harvest.replay.live_replay import LiveReplay
-from harvest.worker_client import read_last_step_seq, read_stats, read_steps_since, wait_for_stats
-from harvest.worker_process import WorkerProcess
+from harvest.worker.client import (
+    read_last_step_seq,
+    read_stats,
+    read_steps_since,
+    wait_for_stats,
+)
+from harvest.worker.process import WorkerProcess
 from traces.trace_loader import load_trace
 
 pytestmark = pytest.mark.sglang

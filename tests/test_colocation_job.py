@@ -4,8 +4,8 @@ import time
 
 import pytest
 
+from base.errors import HarvestError
 from harvest.colocation.finetune_job import FinetuneJob, FinetuneSpec, _build_engine
-from harvest.errors import HarvestError
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
 

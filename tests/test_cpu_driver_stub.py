@@ -4,8 +4,8 @@ import os
 import subprocess
 import sys
 
-from harvest.native import REPO_ROOT, native_library
-from harvest.native.cuda_driver import STUB_RELATIVE_PATH
+from base.cuda_driver import STUB_RELATIVE_PATH
+from base.native import REPO_ROOT, native_library
 
 
 def test_stub_defines_every_undefined_driver_symbol_of_sgl_kernel():
@@ -23,7 +23,7 @@ def test_stub_defines_every_undefined_driver_symbol_of_sgl_kernel():
 
 def test_stub_reports_no_device_and_sglang_imports():
     code = (
-        "from harvest.native.cuda_driver import ensure_driver_or_stub, has_real_driver\n"
+        "from base.cuda_driver import ensure_driver_or_stub, has_real_driver\n"
         "real = has_real_driver(); stubbed = ensure_driver_or_stub()\n"
         "import ctypes, sgl_kernel, torch\n"
         "rc = ctypes.CDLL('libcuda.so.1').cuInit(0)\n"
@@ -44,7 +44,7 @@ def test_a_child_that_inherits_the_stub_path_still_sees_no_real_driver():
     the CPU defaults and died asking for mooncake. Forced here by handing the child that LD_LIBRARY_PATH."""
     stub = native_library(STUB_RELATIVE_PATH)
     code = (
-        "import ctypes; from harvest.native.cuda_driver import has_real_driver, STUB_MARKER_SYMBOL\n"
+        "import ctypes; from base.cuda_driver import has_real_driver, STUB_MARKER_SYMBOL\n"
         "print(hasattr(ctypes.CDLL('libcuda.so.1'), STUB_MARKER_SYMBOL), has_real_driver())\n"
     )
     env = {**os.environ, "LD_LIBRARY_PATH": f"{stub.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}

@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 from harvest.cli.main import main
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

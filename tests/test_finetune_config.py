@@ -8,8 +8,8 @@ os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 import pytest
 import yaml
 
+from base.errors import HarvestError
 from harvest.cli.main import main
-from harvest.errors import HarvestError
 from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.finetune.finetune_config import FinetuneConfig
 from harvest.finetune.llamafactory_job import LlamaFactoryJob

@@ -20,7 +20,6 @@ from safetensors.torch import load_file
 from harvest.finetune import FinetuneConfig, FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

@@ -11,16 +11,16 @@ os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 import pytest
 import torch
 
+from base.cuda_driver import ensure_driver_or_stub
 from harvest.finetune import FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
-from harvest.native.cuda_driver import ensure_driver_or_stub
 
 ensure_driver_or_stub()
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
-from allocator.chunk_token_allocator import ChunkTokenToKVPoolAllocator
 from allocator.config import AllocatorConfig
 from allocator.unified_allocator import UnifiedAllocator
+from harvest.sglang.chunk_token_allocator import ChunkTokenToKVPoolAllocator
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -11,10 +11,9 @@ os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 import pytest
 import torch
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from harvest.finetune import FinetuneConfig, FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

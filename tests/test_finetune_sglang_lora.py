@@ -9,13 +9,13 @@ import httpx
 import pytest
 import torch
 import yaml
+from conftest import free_port
 from safetensors.torch import load_file
 
-from conftest import free_port
 from harvest.finetune import FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
-from harvest.worker_client import prefilled_request
-from harvest.worker_process import WorkerProcess
+from harvest.worker.client import prefilled_request
+from harvest.worker.process import WorkerProcess
 
 pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -60,7 +60,7 @@ def test_sglang_lora_loader_accepts_the_adapter_and_stacks_its_weights(adapter, 
     from sglang.srt.lora.utils import get_normalized_target_modules
     from transformers import AutoConfig
 
-    from harvest.worker_launcher import build_sglang_argv, parse_sglang_args
+    from harvest.sglang.launcher import build_sglang_argv, parse_sglang_args
 
     model_dir, adapter_dir = adapter
     argv = build_sglang_argv(model_dir, ["--enable-lora", "--lora-paths", f"{ADAPTER_NAME}={adapter_dir}"], True)

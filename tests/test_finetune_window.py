@@ -11,7 +11,6 @@ import torch
 from harvest.finetune import FinetuneConfig, FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.latency_model import LatencyModel
 from predictor.partition_grid import PartitionGrid
 from predictor.samples import Sample

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.colo_model import ColoModel
 from predictor.fit_metrics import FitMetrics
 from predictor.latency_model import LatencyModel

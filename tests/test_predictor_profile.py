@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.finetune_throughput import FinetuneThroughput
 from predictor.partition_grid import PartitionGrid
 from predictor.profile import Profile

@@ -4,13 +4,12 @@ import json
 import subprocess
 
 import pytest
+from conftest import free_port
 
 from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.replay.finetune_rates import FinetuneRates
 from predictor.profile import Profile
 from predictor.samples import load_samples
-
-from conftest import free_port
 
 pytestmark = pytest.mark.sglang
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.samples import CSV_COLUMNS, Sample, load_samples, write_samples
 
 HEADER = ",".join(CSV_COLUMNS)

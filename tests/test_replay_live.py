@@ -8,8 +8,8 @@ import pytest
 from conftest import free_port
 
 from harvest.finetune.demo.tiny_job import write_tiny_job
-from harvest.worker_client import wait_for_stats
-from harvest.worker_process import WorkerProcess
+from harvest.worker.client import wait_for_stats
+from harvest.worker.process import WorkerProcess
 from traces.trace_loader import load_trace
 
 pytestmark = pytest.mark.sglang

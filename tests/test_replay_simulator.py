@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from harvest.replay.colocation_policies import POLICY_CLASSES
 from harvest.replay.decode_simulator import DecodeSimulator
 from harvest.replay.finetune_rates import FinetuneRates

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from harvest import bench_serve
+from harvest.bench import serve as bench_serve
 
 pytestmark = pytest.mark.sglang
 

@@ -6,10 +6,10 @@ import signal
 import httpx
 import psutil
 import pytest
-
 from conftest import free_port
-from harvest.worker_client import generate_prefilled, read_stats
-from harvest.worker_process import WorkerProcess
+
+from harvest.worker.client import generate_prefilled, read_stats
+from harvest.worker.process import WorkerProcess
 
 pytestmark = pytest.mark.sglang
 

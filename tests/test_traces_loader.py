@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from traces.synthetic_trace import SyntheticTrace
 from traces.trace import Trace
 from traces.trace_loader import load_csv, load_trace, shipped_traces

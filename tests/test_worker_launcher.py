@@ -2,8 +2,8 @@
 
 import pytest
 
-from harvest.errors import HarvestError
-from harvest.worker_launcher import build_sglang_argv, port_flag
+from base.errors import HarvestError
+from harvest.sglang.launcher import build_sglang_argv, port_flag
 
 
 def test_cpu_host_gets_cpu_defaults_unless_given():

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from traces.trace import Trace
 
 

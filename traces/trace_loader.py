@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from traces.trace import Trace
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

@@ -6,7 +6,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 ENDPOINTS = ["/healthz", "/harvest/stats", "/harvest/steps", "/metrics",
              "POST /harvest/finetune/pause", "POST /harvest/finetune/resume", "POST /harvest/finetune/stop"]

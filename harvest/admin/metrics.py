@@ -1,6 +1,12 @@
 """Prometheus metrics of one worker, in their own registry so they never mix with SGLang's."""
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from allocator.allocator_metrics import AllocatorMetrics
 from harvest.decode_step import DecodeStep

@@ -11,7 +11,7 @@ BENCH_MODULES = {
     "predictor": "predictor.bench",
     "allocator": "allocator.bench",
     "finetune": "harvest.finetune.bench",
-    "serve": "harvest.bench_serve",
+    "serve": "harvest.bench.serve",
 }
 
 

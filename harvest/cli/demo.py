@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from harvest.cli.main import main as harvest_main
     from harvest.models import resolve_model_path
     from harvest.stats_table import print_stats_table
-    from harvest.worker_client import read_stats
-    from harvest.worker_process import WorkerProcess
+    from harvest.worker.client import read_stats
+    from harvest.worker.process import WorkerProcess
 
     console = Console()
     out = Path(args.out)

@@ -8,7 +8,7 @@ import sys
 
 import yaml
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 
 def add_parser(subparsers) -> None:
@@ -92,7 +92,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(engine, show_progress: bool) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     columns = [
         TextColumn("step"),

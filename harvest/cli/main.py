@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 SUBCOMMAND_MODULES = {
     "serve": "harvest.cli.serve",

@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor.partition_grid import PRESETS, PartitionGrid
 from predictor.profile import Profile
 from predictor.samples import Sample, load_samples

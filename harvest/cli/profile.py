@@ -80,13 +80,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from harvest.errors import HarvestError
+    from base.cuda_driver import has_real_driver
+    from base.errors import HarvestError
     from harvest.models import EMBEDDED_MODEL_PLACEHOLDER, resolve_model_path
-    from harvest.native.cuda_driver import has_real_driver
     from harvest.profiler import DecodeProfiler
     from harvest.profiler.foreign_load import ForeignLoad
     from harvest.profiler.host_facts import cpu_model_name
-    from harvest.worker_process import WorkerProcess
+    from harvest.worker.process import WorkerProcess
     from predictor.partition_grid import PartitionGrid
     from predictor.profile import Profile
     from predictor.samples import write_samples

@@ -6,7 +6,7 @@ import re
 import time
 from pathlib import Path
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|min|h)?\s*$")
 _UNIT_S = {None: 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -172,7 +172,13 @@ def _simulate(args: argparse.Namespace, trace, console) -> dict:
 
 
 def _live(args: argparse.Namespace, trace, console) -> dict:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from harvest.replay.live_replay import LiveReplay
 

@@ -42,10 +42,16 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from base.cuda_driver import ensure_driver_or_stub
     from harvest.models import resolve_model_path
-    from harvest.native.cuda_driver import ensure_driver_or_stub
-    from harvest.worker_launcher import build_sglang_argv, check_port_free, flag_value, parse_sglang_args, port_flag
-    from harvest.worker_supervisor import supervise
+    from harvest.sglang.launcher import (
+        build_sglang_argv,
+        check_port_free,
+        flag_value,
+        parse_sglang_args,
+        port_flag,
+    )
+    from harvest.worker.supervisor import supervise
 
     model_path = resolve_model_path(args.model_path)
     config = ServeConfig(
@@ -73,9 +79,9 @@ def _finetune_spec(args: argparse.Namespace, model_path):
     """Validate the finetune YAML up front (LlamaFactory's own parser; no model or data loaded)."""
     if args.finetune is None:
         return None
+    from base.cuda_driver import has_real_driver
     from harvest.colocation.finetune_job import FinetuneSpec
     from harvest.finetune.llamafactory_job import LlamaFactoryJob
-    from harvest.native.cuda_driver import has_real_driver
 
     if args.tpot_slo_ms is None:
         return FinetuneSpec(args.finetune)  # ServeConfig names the missing --tpot-slo-ms

@@ -4,7 +4,7 @@ import argparse
 
 import httpx
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 
 def add_parser(subparsers) -> None:
@@ -16,7 +16,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harvest.stats_table import print_stats_table
-    from harvest.worker_client import read_stats
+    from harvest.worker.client import read_stats
 
     try:
         stats = read_stats(args.admin.rstrip("/"))

@@ -14,7 +14,7 @@ import traceback
 from dataclasses import dataclass
 from enum import Enum
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 logger = logging.getLogger(__name__)
 

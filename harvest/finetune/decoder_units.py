@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 
 @dataclass(slots=True)

@@ -14,9 +14,14 @@ from typing import Any
 
 import torch
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from harvest.finetune.checkpoint_store import CheckpointStore
-from harvest.finetune.decoder_units import Chunk, DecoderUnits, get_rng_state, set_rng_state
+from harvest.finetune.decoder_units import (
+    Chunk,
+    DecoderUnits,
+    get_rng_state,
+    set_rng_state,
+)
 from harvest.finetune.finetune_config import FinetuneConfig
 from harvest.finetune.layer_swapper import LayerSwapper
 from harvest.finetune.llamafactory_job import LlamaFactoryJob

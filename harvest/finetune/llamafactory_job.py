@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 # Keys whose non-default value changes the training loop in ways the layer-wise engine does not reproduce.
 UNSUPPORTED_KEYS = {

@@ -35,7 +35,11 @@ class TrainingRecipe:
 
     @classmethod
     def build(cls, job: LlamaFactoryJob) -> "TrainingRecipe":
-        from llamafactory.data import SFTDataCollatorWith4DAttentionMask, get_dataset, get_template_and_fix_tokenizer
+        from llamafactory.data import (
+            SFTDataCollatorWith4DAttentionMask,
+            get_dataset,
+            get_template_and_fix_tokenizer,
+        )
         from llamafactory.extras.constants import IGNORE_INDEX
         from llamafactory.model import load_model, load_tokenizer
 

@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_MODEL_PLACEHOLDER = "harvest:embedded"

@@ -17,8 +17,12 @@ import statistics
 
 import httpx
 
-from harvest.errors import HarvestError
-from harvest.worker_client import generate_prefilled, read_last_step_seq, read_steps_since
+from base.errors import HarvestError
+from harvest.worker.client import (
+    generate_prefilled,
+    read_last_step_seq,
+    read_steps_since,
+)
 from predictor.partition_grid import PartitionGrid
 from predictor.samples import Sample
 from predictor.sampling_plan import SamplePoint

@@ -16,7 +16,7 @@ noise when ReplayConfig.latency_noise > 0), so with no noise the profile is exac
 import math
 import random
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from harvest.replay.finetune_rates import FinetuneRates
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
 from predictor import Profile, SplitPlanner

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from harvest.replay.colocation_policies import ColocationPolicy
 from traces.trace import Trace
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from predictor import Profile
 
 

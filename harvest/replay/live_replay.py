@@ -16,9 +16,9 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from harvest.replay.policy_summary import binned_series, cdf, decode_metrics
-from harvest.worker_client import generate_prefilled
+from harvest.worker.client import generate_prefilled
 from traces.trace import Trace
 
 # Token ids for the fake prefill: any ids the model's vocabulary holds; the values do not matter to decode.

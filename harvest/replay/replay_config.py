@@ -3,7 +3,7 @@
 import math
 from dataclasses import dataclass
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 POLICIES = ("separate", "static", "harvest", "temporal")
 

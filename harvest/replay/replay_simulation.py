@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 from harvest.replay.colocation_policies import POLICY_CLASSES
 from harvest.replay.decode_simulator import DecodeSimulator, DeviceRun
 from harvest.replay.finetune_rates import FinetuneRates

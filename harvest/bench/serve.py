@@ -43,8 +43,12 @@ from pathlib import Path
 
 import httpx
 
-from harvest.worker_client import prefilled_request, read_last_step_seq, read_steps_since
-from harvest.worker_process import WorkerProcess, free_ports
+from harvest.worker.client import (
+    prefilled_request,
+    read_last_step_seq,
+    read_steps_since,
+)
+from harvest.worker.process import WorkerProcess, free_ports
 
 TARGET_RATIO = 1.02
 EDGE_GAPS = 4  # requests join and leave the batch over a few scheduler loops
@@ -74,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from base.cuda_driver import ensure_driver_or_stub
     from harvest.models import resolve_model_path
-    from harvest.native.cuda_driver import ensure_driver_or_stub
-    from harvest.worker_launcher import CPU_ENGINE_ENV, build_sglang_argv
+    from harvest.sglang.launcher import CPU_ENGINE_ENV, build_sglang_argv
 
     if args.num_requests < 1 or args.rounds < 1 or args.max_new_tokens <= 2 * EDGE_GAPS + 1:
         raise ValueError(f"need --num-requests >= 1, --rounds >= 1, --max-new-tokens > {2 * EDGE_GAPS + 1}")

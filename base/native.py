@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 NATIVE_BUILD_DIR = REPO_ROOT / "build" / "native"
 
 

@@ -10,7 +10,7 @@ lowest free ids, so new KV always takes the lowest slot ids and high chunks drai
 import torch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 
 class ChunkTokenToKVPoolAllocator(TokenToKVPoolAllocator):

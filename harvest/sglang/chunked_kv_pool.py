@@ -1,13 +1,11 @@
 """ChunkedMHATokenToKVPool: SGLang's MHATokenToKVPool with its per-layer K/V buffers taken from a ChunkPool."""
 
-import sglang
 import torch
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from allocator.chunk_pool import ChunkPool
-from harvest.errors import HarvestError
-
-SGLANG_VERSION = "0.5.12"
+from base.errors import HarvestError
+from harvest.sglang.version import require_pinned_sglang
 
 
 class ChunkedMHATokenToKVPool(MHATokenToKVPool):
@@ -26,9 +24,7 @@ def adopt_chunk_buffers(kv_pool: MHATokenToKVPool, chunk_pool: ChunkPool) -> Non
 
     Works on a pool SGLang already built (its own buffers are dropped) or from _create_buffers.
     """
-    if sglang.__version__ != SGLANG_VERSION:
-        raise HarvestError(f"allocator's SGLang KV adapter is written for sglang {SGLANG_VERSION}, "
-                           f"found {sglang.__version__}")
+    require_pinned_sglang()
     if kv_pool.head_dim != kv_pool.v_head_dim or kv_pool.layer_num != chunk_pool.config.num_layers:
         raise HarvestError(f"KV pool ({kv_pool.layer_num} layers, head_dim {kv_pool.head_dim}/{kv_pool.v_head_dim})"
                            f" does not match the chunk pool ({chunk_pool.config.num_layers} layers, equal K/V dims)")

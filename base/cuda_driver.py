@@ -3,7 +3,7 @@
 import ctypes
 import os
 
-from harvest.native import native_library
+from base.native import native_library
 
 STUB_RELATIVE_PATH = "cpu_driver_stub/libcuda.so.1"
 STUB_MARKER_SYMBOL = "harvest_cpu_driver_stub"

@@ -12,8 +12,8 @@ import os
 import socket
 import warnings
 
+from base.errors import HarvestError
 from harvest.config import ServeConfig
-from harvest.errors import HarvestError
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,6 @@ def launch(server_args, config: ServeConfig, is_cpu_host: bool) -> None:
         os.environ.update(CPU_ENGINE_ENV)
     from sglang.srt.entrypoints.http_server import launch_server
 
-    from harvest.sglang_plugin import scheduler_process_target
+    from harvest.sglang.hooks import scheduler_process_target
 
     launch_server(server_args, run_scheduler_process_func=scheduler_process_target(config))

@@ -65,7 +65,7 @@ def _checkpoint_finetune(config: ServeConfig) -> None:
 
 def _run_worker(server_args, config: ServeConfig, is_cpu_host: bool) -> None:
     os.setsid()  # terminal signals go to the supervisor only
-    from harvest.worker_launcher import launch
+    from harvest.sglang.launcher import launch
 
     launch(server_args, config, is_cpu_host)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from harvest.errors import HarvestError
+from base.errors import HarvestError
 
 
 class WorkerProcess:

@@ -1,10 +1,10 @@
-"""Every touch point between harvest and SGLang: the one module to revisit when SGLang changes.
+"""harvest inside SGLang's scheduler process: the hooks on its decode loop and KV pool construction.
 
 harvest gets into SGLang's scheduler subprocess (which owns the model, the KV pool and the device
 context) through `launch_server(run_scheduler_process_func=...)`, and observes the decode loop through
 SGLang's own plugin hook registry. No SGLang source is edited.
 
-Hooked (SGLang 0.5.12, disaggregation/decode.py event loops, model_runner_kv_cache_mixin.py):
+Hooked (the SGLang of version.py: disaggregation/decode.py event loops, model_runner_kv_cache_mixin.py):
   ModelRunner._init_pools         AROUND  KV pool over the unified allocator's chunks, chunk-aware slots
   Scheduler.get_init_info         AFTER   scheduler built: start the finetune job and the admin server
   Scheduler.run_batch             AROUND  a decode step: plan it, note its shape and start time
@@ -18,21 +18,18 @@ import functools
 import logging
 import time
 
-import sglang
-
+from base.errors import HarvestError
 from harvest.config import ServeConfig
 from harvest.decode_step import DecodeStep
-from harvest.errors import HarvestError
 from harvest.runtime import HarvestRuntime
+from harvest.sglang.version import require_pinned_sglang
 
-SGLANG_VERSION = "0.5.12"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 
 logger = logging.getLogger(__name__)
 
-if sglang.__version__ != SGLANG_VERSION:
-    raise ImportError(f"harvest's SGLang hooks were written for sglang {SGLANG_VERSION}, found {sglang.__version__}")
+require_pinned_sglang()
 
 
 def scheduler_process_target(config: ServeConfig):
@@ -71,8 +68,8 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         allocator = UnifiedAllocator(allocator_config)
         with chunked_pool_classes(allocator):
             result = init_pools(runner, *args, **kwargs)
-        from allocator.chunk_token_allocator import ChunkTokenToKVPoolAllocator
-        from allocator.chunked_kv_pool import ChunkedMHATokenToKVPool
+        from harvest.sglang.chunk_token_allocator import ChunkTokenToKVPoolAllocator
+        from harvest.sglang.chunked_kv_pool import ChunkedMHATokenToKVPool
 
         if not (isinstance(runner.token_to_kv_pool, ChunkedMHATokenToKVPool)
                 and isinstance(runner.token_to_kv_pool_allocator, ChunkTokenToKVPoolAllocator)):
@@ -163,8 +160,8 @@ def chunked_pool_classes(allocator):
     subclasses over the allocator's chunks (so the KV bytes are allocated once, in the chunks)."""
     from sglang.srt.model_executor import model_runner_kv_cache_mixin as pools
 
-    from allocator.chunk_token_allocator import ChunkTokenToKVPoolAllocator
-    from allocator.chunked_kv_pool import ChunkedMHATokenToKVPool
+    from harvest.sglang.chunk_token_allocator import ChunkTokenToKVPoolAllocator
+    from harvest.sglang.chunked_kv_pool import ChunkedMHATokenToKVPool
 
     originals = pools.MHATokenToKVPool, pools.TokenToKVPoolAllocator
     pools.MHATokenToKVPool = functools.partial(ChunkedMHATokenToKVPool, chunk_pool=allocator.chunk_pool)

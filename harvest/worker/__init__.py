@@ -1,0 +1,1 @@
+"""The SGLang decode worker as a process: started and watched (supervisor, process) and called (client)."""
