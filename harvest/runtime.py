@@ -12,8 +12,7 @@ import time
 from base.errors import HarvestError
 from harvest.admin.metrics import HarvestMetrics
 from harvest.config import ServeConfig
-from harvest.decode_step import DecodeStep
-from harvest.step_stats import StepStats
+from harvest.step_stats import DecodeStep, StepStats
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ class HarvestRuntime:
             self.controller = _build_controller(self.config, self.profile, self.is_spatial, self.lender)
             self.job.start()
         if serve_admin:
-            from harvest.admin.admin_server import AdminServer
+            from harvest.admin.admin_app import AdminServer
 
             self._admin_server = AdminServer(self, self.config.admin)
             self._admin_server.start()

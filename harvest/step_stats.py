@@ -1,4 +1,5 @@
-"""Decode-step accounting: counters since start and a sliding window for percentiles.
+"""Decode steps: what harvest knows about one (DecodeStep) and their accounting (StepStats): counters
+since start and a sliding window for percentiles.
 
 Written by the scheduler thread once per step, read by the admin thread on request.
 """
@@ -6,12 +7,30 @@ Written by the scheduler thread once per step, read by the admin thread on reque
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
-from harvest.decode_step import DecodeStep
-
 HISTORY_STEPS = 20_000  # per-step records kept for /harvest/steps (a few MB; minutes of steps on a GPU)
+
+
+@dataclass(slots=True)
+class DecodeStep:
+    forward_iter: int
+    """SGLang's forward counter for the batch; matches the launch with its result processing."""
+    batch_size: int
+    kv_tokens: int
+    """Sum of the requests' KV lengths: what the step's attention reads."""
+    start_s: float
+    latency_ms: float | None = None
+    predicted_ms: float | None = None
+    """What the planner predicted for the step (None without a planner)."""
+    finetune_ms: float = 0.0
+    """Finetune units run after the step, before the next one: charged to this step's TPOT."""
+
+    @property
+    def mean_seq_len(self) -> float:
+        return self.kv_tokens / self.batch_size
 
 
 class StepStats:

@@ -10,8 +10,8 @@ from base.errors import HarvestError
 from harvest.admin.admin_app import create_admin_app
 from harvest.colocation.finetune_job import FinetuneSpec
 from harvest.config import AdminConfig, ServeConfig
-from harvest.decode_step import DecodeStep
 from harvest.runtime import HarvestRuntime
+from harvest.step_stats import DecodeStep
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from conftest import free_port
+from conftest import free_port, wait_for_stats
 
 from harvest.finetune.demo.make_dataset import DATASET_NAME, DEMO_DIR
 from harvest.models import ensure_embedded_model
@@ -18,7 +18,6 @@ from harvest.worker.client import (
     read_last_step_seq,
     read_stats,
     read_steps_since,
-    wait_for_stats,
 )
 from harvest.worker.process import WorkerProcess
 from traces.trace_loader import load_trace

@@ -5,10 +5,9 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import free_port
+from conftest import free_port, wait_for_stats
 
 from harvest.finetune.demo.tiny_job import write_tiny_job
-from harvest.worker.client import wait_for_stats
 from harvest.worker.process import WorkerProcess
 from traces.trace_loader import load_trace
 

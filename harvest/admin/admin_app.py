@@ -1,15 +1,46 @@
-"""The admin HTTP API (FastAPI). Reads are open; mutating endpoints need the bearer token when one is set."""
+"""The admin HTTP API (FastAPI), served on its own port from a daemon thread of the scheduler process.
 
+Reads are open; mutating endpoints need the bearer token when one is set.
+"""
+
+import logging
 import secrets
+import threading
 
+import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from base.errors import HarvestError
+from harvest.config import AdminConfig
+
+logger = logging.getLogger(__name__)
 
 ENDPOINTS = ["/healthz", "/harvest/stats", "/harvest/steps", "/metrics",
              "POST /harvest/finetune/pause", "POST /harvest/finetune/resume", "POST /harvest/finetune/stop"]
+
+
+class AdminServer:
+    def __init__(self, runtime, config: AdminConfig):
+        self._config = config
+        self._server = uvicorn.Server(
+            uvicorn.Config(create_admin_app(runtime), host=config.host, port=config.port, log_level="warning",
+                           access_log=False)
+        )
+        self._thread = threading.Thread(target=self._serve, name="harvest-admin", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+
+    def _serve(self) -> None:
+        try:
+            self._server.run()
+        except Exception:  # a dead admin port must not take serving down with it
+            logger.exception("harvest admin server on %s:%d stopped", self._config.host, self._config.port)
 
 
 def create_admin_app(runtime) -> FastAPI:

@@ -9,7 +9,7 @@ from prometheus_client import (
 )
 
 from allocator.allocator_metrics import AllocatorMetrics
-from harvest.decode_step import DecodeStep
+from harvest.step_stats import DecodeStep
 
 # Decode steps of interest sit between ~5 ms (H100, small batch) and a few hundred ms (CPU).
 STEP_LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)

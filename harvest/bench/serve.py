@@ -7,26 +7,10 @@ the CPU defaults and `--disaggregation-transfer-backend fake` match). Each round
 to the other, alternating which goes first, so slow drifts of a shared host hit both alike; the worker not
 being measured gets no request.
 
-Per-step latency is measured from the client, because plain SGLang has no harvest hook: every request is
-streamed and each chunk's arrival time and `completion_tokens` are recorded. A gap between two chunks
-divided by the tokens it brought is one step interval (the decode loop's cadence: forward, sampling,
-output to the detokenizer, the scheduler's own loop). Why gaps, not end-to-end latency / tokens: the
-first token's wait (bootstrap, pre-allocation, queueing) and the ragged start and end of the batch are cut
-away by dropping each request's first chunk and its first and last EDGE_GAPS gaps, so what is left are
-steps at the full batch size, identical in both workers; dividing by tokens keeps a chunk that carries two
-tokens (the HTTP side fell behind) from counting as one long step and one empty one. Each round's median
-gap is robust to the odd stall of a 2-core machine shared with other jobs, and the reported ratio is the
-median over rounds of (harvest median / plain median) from back-to-back pairs, with a bootstrap 95 %
-interval over rounds; `--control` puts a second plain worker in harvest's place, so the same harness
-measures its own bias and noise floor (A/A). The end-to-end figure
-(`tpot_ms_p50`: a request's decode span / its tokens) sits beside it as a cross-check, and for harvest the
-worker's own step hook (/harvest/steps) gives the true step count and its own step time. That time runs from
-a batch's `run_batch` to its `process_batch_result`; under SGLang's overlap scheduler the next batch is
-launched in between, so where launching is synchronous (CPU) it spans about two steps.
-
-SGLang's scheduler polls its sockets without sleeping when idle, so an idle worker keeps a core busy; on a
-2-core host that takes half the machine from the worker being measured. `--sleep-on-idle` (SGLang's flag,
-given to both) makes the idle one block in zmq poll instead; `--busy-idle` leaves SGLang's default.
+Per-step latency is the gap between streamed chunks divided by the tokens each brought, at the full batch
+(each request's first chunk and first/last EDGE_GAPS gaps dropped); the ratio is the median over rounds of
+harvest/plain round medians with a bootstrap 95 % interval; `--control` runs an A/A pair through the same
+harness. Why this method: eval/README.md, "Serving overhead".
 """
 
 import argparse
@@ -257,7 +241,7 @@ def _summarize(rounds: list[RoundResult]) -> dict:
 
 
 def _device_name(is_cpu_host: bool) -> str:
-    from harvest.profiler.host_facts import cpu_model_name
+    from harvest.profiler.live_profile import cpu_model_name
 
     cpu = f"{cpu_model_name()}, {os.cpu_count()} cores"
     if is_cpu_host:

@@ -7,6 +7,10 @@ import argparse
 import importlib
 import json
 
+from rich.console import Console
+
+from harvest.cli.status import print_table
+
 BENCH_MODULES = {
     "predictor": "predictor.bench",
     "allocator": "allocator.bench",
@@ -31,25 +35,5 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     result = importlib.import_module(args.bench_module).run(args)
     print(json.dumps(result))
-    print_table(args.bench, result)
+    print_table(f"harvest bench {args.bench}", result, Console(stderr=True))
     return 0
-
-
-def print_table(title: str, result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"harvest bench {title}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in _flatten(result):
-        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-    Console(stderr=True).print(table)
-
-
-def _flatten(result: dict, prefix: str = ""):
-    for key, value in result.items():
-        if isinstance(value, dict):
-            yield from _flatten(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from harvest.cli.main import main as harvest_main
+    from harvest.cli.status import print_stats_table
     from harvest.models import resolve_model_path
-    from harvest.stats_table import print_stats_table
     from harvest.worker.client import read_stats
     from harvest.worker.process import WorkerProcess
 

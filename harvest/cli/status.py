@@ -1,8 +1,10 @@
-"""`harvest status --admin URL`: a running worker's stats as a table."""
+"""`harvest status --admin URL`: a running worker's stats as tables; the table renderer every command uses."""
 
 import argparse
 
 import httpx
+from rich.console import Console
+from rich.table import Table
 
 from base.errors import HarvestError
 
@@ -15,7 +17,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harvest.stats_table import print_stats_table
     from harvest.worker.client import read_stats
 
     try:
@@ -29,3 +30,31 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_stats_table(stats)
     return 0
+
+
+def print_stats_table(stats: dict, console: Console | None = None) -> None:
+    """`/harvest/stats` as one table per section."""
+    console = console or Console()
+    for section, values in stats.items():
+        print_table(f"harvest {section}", values, console)
+
+
+def print_table(title: str, values, console: Console) -> None:
+    """A (nested) dict as metric / value rows, nested keys joined with '.'."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in _rows(values):
+        table.add_row(key, "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+def _rows(values, prefix: str = ""):
+    if not isinstance(values, dict):
+        yield prefix.rstrip(".") or "value", values
+        return
+    for key, value in values.items():
+        if isinstance(value, dict):
+            yield from _rows(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value

@@ -14,7 +14,7 @@ import threading
 from harvest.colocation.finetune_job import FinetuneJob
 from harvest.colocation.green_partitions import GreenPartitions
 from harvest.colocation.slo_tracker import SloTracker
-from harvest.decode_step import DecodeStep
+from harvest.step_stats import DecodeStep
 
 
 class SpatialController:

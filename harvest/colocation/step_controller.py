@@ -14,7 +14,7 @@ from collections import deque
 
 from harvest.colocation.finetune_job import ACTIVE_PHASES, FinetuneJob
 from harvest.colocation.slo_tracker import SloTracker
-from harvest.decode_step import DecodeStep
+from harvest.step_stats import DecodeStep
 
 RECENT_UNITS_PER_KIND = 16
 # Unit times of one kind vary with the chunk's length and with the host: admit a unit only if 1.25x the

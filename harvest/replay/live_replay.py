@@ -18,14 +18,13 @@ import numpy as np
 
 from base.errors import HarvestError
 from harvest.replay.policy_summary import binned_series, cdf, decode_metrics
-from harvest.worker.client import generate_prefilled
+from harvest.worker.client import generate_prefilled, read_steps_after
 from traces.trace import Trace
 
 # Token ids for the fake prefill: any ids the model's vocabulary holds; the values do not matter to decode.
 FIRST_TOKEN_ID = 3
 NUM_TOKEN_IDS = 200
 STEPS_POLL_S = 0.5
-STEPS_PAGE = 10_000
 NO_FINETUNE_NOTE = "the worker reports no finetune section: no finetune job ran, or the worker predates it"
 
 
@@ -117,25 +116,26 @@ class LiveReplay:
             trace, steps, started_wall, elapsed_s, sent_s, done_s, tokens, errors, num_unfinished, before, after
         )
 
-    async def _admin(self, client: httpx.AsyncClient, path: str, **params) -> dict:
+    async def _admin(self, client: httpx.AsyncClient, path: str) -> dict:
         try:
-            response = await client.get(f"{self.admin_url}{path}", params=params)
+            response = await client.get(f"{self.admin_url}{path}")
             response.raise_for_status()
         except httpx.HTTPError as e:
-            raise HarvestError(
-                f"cannot read {self.admin_url}{path} (is `harvest serve` running with this --admin-port?): {e}"
-            ) from None
+            raise HarvestError(self._unreadable(self.admin_url + path, e)) from None
         return response.json()
+
+    @staticmethod
+    def _unreadable(url: str, error: Exception) -> str:
+        return f"cannot read {url} (is `harvest serve` running with this --admin-port?): {error}"
 
     async def _poll_steps(self, client: httpx.AsyncClient, since: int, steps: list[dict], stop: asyncio.Event):
         while True:
             is_last = stop.is_set()
-            while True:
-                page = await self._admin(client, "/harvest/steps", since=since, limit=STEPS_PAGE)
-                steps += page["steps"]
-                since = page["next"]
-                if len(page["steps"]) < STEPS_PAGE:
-                    break
+            try:
+                new_steps, since = await read_steps_after(client, self.admin_url, since)
+            except httpx.HTTPError as e:
+                raise HarvestError(self._unreadable(self.admin_url + "/harvest/steps", e)) from None
+            steps += new_steps
             if is_last:
                 return
             try:

@@ -20,9 +20,9 @@ import time
 
 from base.errors import HarvestError
 from harvest.config import ServeConfig
-from harvest.decode_step import DecodeStep
 from harvest.runtime import HarvestRuntime
 from harvest.sglang.version import require_pinned_sglang
+from harvest.step_stats import DecodeStep
 
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"

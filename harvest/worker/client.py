@@ -1,13 +1,13 @@
 """HTTP calls to a running harvest worker: pre-filled decode requests and admin reads."""
 
-import time
-from collections.abc import Callable
+import asyncio
 
 import httpx
 
 # With the `fake` transfer backend a decode worker treats a request from this bootstrap host as already
 # prefilled and runs the real decode loop on it (shared/STACK.md).
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+STEPS_PAGE = 10_000
 
 
 def prefilled_request(input_ids: list[int], max_new_tokens: int, room: int) -> dict:
@@ -32,16 +32,25 @@ def read_last_step_seq(admin_url: str, timeout_s: float = 30.0) -> int:
 
 
 def read_steps_since(admin_url: str, since: int, timeout_s: float = 30.0) -> list[dict]:
-    """Every step record after sequence number `since`, page by page."""
+    """Every step record after sequence number `since`."""
+    async def read() -> list[dict]:
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            return (await read_steps_after(client, admin_url, since))[0]
+
+    return asyncio.run(read())
+
+
+async def read_steps_after(client: httpx.AsyncClient, admin_url: str, since: int) -> tuple[list[dict], int]:
+    """Every step record after sequence number `since`, page by page, and the sequence number to go on from."""
     steps = []
     while True:
-        response = httpx.get(f"{admin_url}/harvest/steps", params={"since": since, "limit": 10_000}, timeout=timeout_s)
+        response = await client.get(f"{admin_url}/harvest/steps", params={"since": since, "limit": STEPS_PAGE})
         response.raise_for_status()
         page = response.json()
-        if not page["steps"]:
-            return steps
         steps += page["steps"]
         since = page["next"]
+        if len(page["steps"]) < STEPS_PAGE:
+            return steps, since
 
 
 def read_stats(admin_url: str, timeout_s: float = 10.0) -> dict:
@@ -49,17 +58,3 @@ def read_stats(admin_url: str, timeout_s: float = 10.0) -> dict:
     response.raise_for_status()
     return response.json()
 
-
-def wait_for_stats(admin_url: str, predicate: Callable[[dict], bool], what: str, timeout_s: float = 300.0) -> dict:
-    """Poll /harvest/stats until `predicate` holds; a finetune job that failed meanwhile ends the wait at once."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = read_stats(admin_url)
-        if predicate(stats):
-            return stats
-        finetune = stats.get("finetune") or {}
-        if finetune.get("state") == "failed":
-            raise AssertionError(f"finetune job failed while waiting for {what}: {finetune.get('error')}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}: {stats}")
-        time.sleep(0.5)

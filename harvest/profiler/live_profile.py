@@ -1,0 +1,201 @@
+"""A live decode-latency profile: start a real worker, visit every sample point in shuffled passes, fit and
+write the two-stage profile (and, with a finetune YAML, the job's solo throughput measured afterwards).
+
+Live profiling covers CPU hosts. A CPU is one partition (the finetune job runs between decode steps), so
+the profile is solo-only plus the finetune job's solo throughput, measured after the worker has stopped
+so the two never share the cores. Why visits are shuffled, re-queued when disturbed and reduced by
+their minimum: eval/README.md, "Live profiling on a shared host".
+"""
+
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class LiveProfileConfig:
+    out: str
+    """Profile JSON to write; samples go beside it."""
+    model_path: str | None = None
+    """HF model dir; None: the embedded SmolLM2-135M."""
+    finetune: str | None = None
+    """LlamaFactory YAML whose solo throughput to measure and record (after the decode steps)."""
+    finetune_steps: int = 3
+    finetune_max_unit_ms: float | None = None
+    max_batch_size: int = 16
+    max_seq_len: int = 1024
+    seq_levels: int = 3
+    repeats: int = 3
+    held_out: int = 12
+    passes: int = 5
+    max_foreign_cores: float = 0.1
+    max_revisits: int = 2
+    statistic: str = "min"
+    port: int = 30010
+    admin_port: int = 30110
+
+
+def median_visit(visits):
+    """The visit with the median latency (its seq_len stays the one measured with it)."""
+    return sorted(visits, key=lambda s: s.latency_ms)[len(visits) // 2]
+
+
+def min_visit(visits):
+    """The fastest visit (each visit is itself the median of its steps, so one fast step does not make it):
+    disturbance on a shared host only slows a visit, so the fastest one estimates the undisturbed device."""
+    return min(visits, key=lambda s: s.latency_ms)
+
+
+VISIT_STATISTICS = {"median": median_visit, "min": min_visit}
+
+
+def cpu_model_name() -> str:
+    """What to call this host's processor in a profile."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"CPU: {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return f"CPU: {platform.processor() or platform.machine()}"
+
+
+def recorded_path(path: str | Path) -> str:
+    """A path as a profile records it: relative to the working directory (the repository) when inside it,
+    so a shipped profile names no machine's directories."""
+    absolute = Path(path).resolve()
+    try:
+        return str(absolute.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def run_live_profile(config: LiveProfileConfig, console) -> dict:
+    """Profile, write the profile and its samples, and return the run's summary."""
+    from rich.progress import Progress
+
+    from base.cuda_driver import has_real_driver
+    from base.errors import HarvestError
+    from harvest.models import EMBEDDED_MODEL_PLACEHOLDER, resolve_model_path
+    from harvest.profiler import DecodeProfiler
+    from harvest.profiler.foreign_load import ForeignLoad
+    from harvest.worker.process import WorkerProcess
+    from predictor.partition_grid import PartitionGrid
+    from predictor.profile import Profile
+    from predictor.samples import write_samples
+    from predictor.sampling_plan import SamplingPlan
+
+    if has_real_driver():
+        raise HarvestError("live profiling covers CPU hosts; on a GPU fit measured samples with `harvest predictor fit`")
+    if config.finetune is not None and not Path(config.finetune).is_file():
+        raise HarvestError(f"--finetune {config.finetune!r}: no such file")
+    out = Path(config.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model_path = resolve_model_path(config.model_path)
+    grid = PartitionGrid.from_name("cpu")
+    max_kv_tokens = config.max_batch_size * (config.max_seq_len + 64)
+    plan = SamplingPlan(grid, config.max_batch_size, config.max_seq_len, max_kv_tokens=max_kv_tokens,
+                        num_repeats=config.repeats, num_seq_levels=config.seq_levels,
+                        num_held_out_per_partition=config.held_out)
+    log_dir = Path(tempfile.mkdtemp(prefix="harvest-profile-"))
+    worker = WorkerProcess(
+        ["--model-path", str(model_path), "--max-running-requests", str(config.max_batch_size),
+         # PD decode reserves room to grow each running request (num_reserved_decode_tokens, 512) on top.
+         "--max-total-tokens", str(max_kv_tokens + 512 * config.max_batch_size + 1024),
+         # The overlap scheduler's step records span two forwards on a CPU (decode_profiler.py).
+         "--disable-overlap-schedule"],
+        config.port, config.admin_port, log_dir / "worker.log",
+    )
+    started = time.perf_counter()
+    with console.status("starting the worker ..."):
+        worker.start()
+    startup_s = time.perf_counter() - started
+    fit, held_out = [], []
+    try:
+        profiler = DecodeProfiler(worker.url, worker.admin_url, grid, config.repeats)
+        points = plan.points()
+        # Shuffled passes spread drift over fit and held-out points alike; a visit during which other
+        # processes took CPU (ForeignLoad) is queued again for later. The largest shape runs first,
+        # unrecorded, so allocator arenas and caches are warm.
+        visits = [p for p in points for _ in range(config.passes)]
+        random.Random(0).shuffle(visits)
+        largest = max(points, key=lambda p: p.batch_size * p.seq_len)
+        with console.status("warming up on the largest shape ..."):
+            profiler.measure(largest)
+        measured: dict = {p: [] for p in points}
+        revisits: Counter = Counter()
+        foreign_cores = []
+        queue = deque(visits)
+        measure_started = time.perf_counter()
+        with Progress(console=console) as progress:
+            task = progress.add_task("decode shapes", total=len(queue))
+            while queue:
+                point = queue.popleft()
+                with ForeignLoad([os.getpid(), worker.proc.pid]) as load:
+                    sample = profiler.measure(point)
+                foreign_cores.append(load.cores)
+                progress.advance(task)
+                can_revisit = revisits[point] < config.max_revisits and revisits.total() < len(visits) // 2
+                if load.cores > config.max_foreign_cores and can_revisit:
+                    # Another job shared the cores: this visit says little about the device. Later, not now:
+                    # such jobs run for seconds to minutes.
+                    revisits[point] += 1
+                    queue.append(point)
+                    progress.update(task, total=progress.tasks[0].total + 1)
+                    continue
+                measured[point].append(sample)
+        measure_s = time.perf_counter() - measure_started
+        pick = VISIT_STATISTICS[config.statistic]
+        for point in points:
+            (held_out if point.is_held_out else fit).append(pick(measured[point]))
+    finally:
+        worker.stop()
+    finetune = None
+    if config.finetune:
+        from harvest.profiler.finetune_profiler import FinetuneProfiler
+
+        with console.status(f"measuring the finetune job alone ({config.finetune}) ..."):
+            finetune = FinetuneProfiler(config.finetune, config.finetune_steps, config.finetune_max_unit_ms).measure()
+    samples_path = out.with_suffix(".samples.csv")
+    held_out_path = out.with_suffix(".held_out.csv")
+    write_samples(samples_path, fit)
+    write_samples(held_out_path, held_out)
+    # Every visit, so another statistic can be tried on the same measurements.
+    for path, is_held_out in ((samples_path, False), (held_out_path, True)):
+        write_samples(path.with_suffix(".visits.csv"),
+                      [v for p in points if p.is_held_out == is_held_out for v in measured[p]])
+    is_embedded = config.model_path in (None, EMBEDDED_MODEL_PLACEHOLDER)
+    profile = Profile.build(fit, grid, device_name=cpu_model_name(),
+                            model=EMBEDDED_MODEL_PLACEHOLDER if is_embedded else recorded_path(model_path),
+                            finetune_config_id=recorded_path(config.finetune) if config.finetune else "none",
+                            samples_path=recorded_path(samples_path), held_out=held_out,
+                            finetune_throughput=(finetune.throughput,) if finetune else ())
+    profile.save(out)
+    ratios = profiler.latency_to_interval
+    summary = {
+        "profile": str(out),
+        "host": {"cpu": cpu_model_name(), "num_cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)},
+        "num_fit_samples": len(fit),
+        "num_held_out_samples": len(held_out),
+        "num_visits": len(foreign_cores),
+        "num_disturbed_visits": sum(revisits.values()),
+        "foreign_cores_p50": round(statistics.median(foreign_cores), 3),
+        "statistic": config.statistic,
+        "worker_log": str(worker.log_path),
+        "startup_s": round(startup_s, 1),
+        "measure_s": round(measure_s, 1),
+        "finetune_s": round(finetune.setup_s + finetune.measure_s, 1) if finetune else None,
+        "finetune_foreign_cores": round(finetune.foreign_cores, 3) if finetune else None,
+        "total_s": round(time.perf_counter() - started, 1),
+        "step_latency_over_interval_p50": round(statistics.median(ratios), 3) if ratios else None,
+        "plateau_batch_size": profile.latency_model.solo.plateau_batch_size,
+        "fit_metrics": profile.to_dict()["fit_metrics"],
+        "finetune_throughput": finetune.throughput.to_dict() if finetune else None,
+    }
+    return summary
