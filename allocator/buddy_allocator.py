@@ -55,9 +55,6 @@ class BuddyAllocator:
             order += 1
         self._free[order].add(offset)
 
-    def is_allocated(self, offset: int) -> bool:
-        return offset in self._order_of
-
     @property
     def num_live(self) -> int:
         return len(self._order_of)

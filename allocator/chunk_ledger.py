@@ -108,10 +108,6 @@ class ChunkLedger:
                 self._free_blocks[block_id // self.blocks_per_chunk].add(block_id)
         return placement
 
-    def byte_ranges(self) -> dict[int, list[tuple[int, int, int]]]:
-        """Used block -> sorted [(start, end, owner)]; for checks and stats."""
-        return {block_id: list(spans) for block_id, spans in self._spans.items()}
-
     def used_blocks_of(self, chunk_id: int) -> list[int]:
         return [b for b in self.chunk_blocks(chunk_id) if b in self._spans]
 

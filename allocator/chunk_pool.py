@@ -149,10 +149,6 @@ class ChunkPool:
         self.ledger.release(owner)
 
     @property
-    def num_live_tensors(self) -> int:
-        return len(self._tensors)
-
-    @property
     def requested_bytes(self) -> int:
         return sum(requested for _, _, _, requested in self._tensors.values())
 

@@ -4,7 +4,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from base.errors import HarvestError
-from harvest.colocation.finetune_job import FinetuneSpec
+from harvest.finetune.finetune_config import FinetuneConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class ServeConfig:
     admin: AdminConfig
     stats_window_steps: int = 1000
     """Decode steps in the sliding window behind latency percentiles and SLO attainment."""
-    finetune: FinetuneSpec | None = None
+    finetune: FinetuneConfig | None = None
     """The co-located LoRA job (`--finetune CFG.yaml`); None serves only."""
     tpot_slo_ms: float | None = None
     """Decode latency target per step (`--tpot-slo-ms`); required with a finetune job."""

@@ -1,8 +1,9 @@
 """`harvest bench predictor`: time SplitPlanner.plan, the per-decode-step decision (HARLI: 5 us).
 
-Without --profile, the profile is fitted here from a synthetic H100 (132 SMs in groups of 8: 16
-inference partitions, 120 co-run candidates) measured on the SamplingPlan, so the timing covers the
-largest candidate set harvest plans over. decision_us_mean divides a loop's time by its decisions, in
+Without --profile, the profile is the SYNTHETIC H100 one (predictor/synthetic_profile.py: 132 SMs in
+groups of 8, 16 inference partitions, 120 co-run candidates) fitted here, so the timing covers the
+largest candidate set harvest plans over; the result says whether its profile was synthetic.
+decision_us_mean divides a loop's time by its decisions, in
 the least disturbed of NUM_REPEATS loops (the timeit convention: slower repeats measure other processes
 on shared cores, not the planner); the plain mean over all repeats and the host's load sit beside it.
 The percentiles time each call alone, so they include one perf_counter_ns pair (~0.1 us).
@@ -14,11 +15,9 @@ import random
 import statistics
 import time
 
-from predictor.partition_grid import PartitionGrid
 from predictor.profile import Profile
-from predictor.sampling_plan import SamplingPlan
 from predictor.split_planner import SplitPlanner
-from predictor.synthetic_device import SyntheticDevice
+from predictor.synthetic_profile import build_synthetic_profile, is_synthetic
 
 HARLI_DECISION_US = 5.0
 NUM_REPEATS = 10
@@ -39,7 +38,7 @@ def run(args: argparse.Namespace) -> dict:
         profile = Profile.load(args.profile)
     else:
         start = time.perf_counter()
-        profile = synthetic_profile(args.max_batch_size, args.max_seq_len, args.seed)
+        profile = build_synthetic_profile(args.seed, args.max_batch_size, args.max_seq_len)
         fit_s = time.perf_counter() - start
     planner = SplitPlanner(profile, args.tpot_ms)
     rng = random.Random(args.seed)
@@ -71,6 +70,9 @@ def run(args: argparse.Namespace) -> dict:
         planner.observe(d, d.model_ms * 1.1)
     observe_us = (time.perf_counter() - start) / 1000 * 1e6
     return {
+        "profile": args.profile or "synthetic (built here)",
+        "profile_is_synthetic": is_synthetic(profile),
+        "profile_device": profile.device_name,
         "decision_us_mean": min(repeat_means_us),
         "decision_us_mean_all_repeats": statistics.fmean(repeat_means_us),
         "decision_us_p50": per_call_ns[n // 2] / 1e3,
@@ -85,17 +87,3 @@ def run(args: argparse.Namespace) -> dict:
         "host_load_avg_1m": os.getloadavg()[0],
     }
 
-
-def synthetic_profile(max_batch_size: int, max_seq_len: int, seed: int) -> Profile:
-    grid = PartitionGrid.from_name("h100")
-    plan = SamplingPlan(grid, max_batch_size, max_seq_len, seed=seed)
-    device = SyntheticDevice(grid)
-    return Profile.build(
-        device.measure(plan.fit_points, seed),
-        grid,
-        device_name="synthetic-h100",
-        model="synthetic",
-        finetune_config_id="synthetic",
-        samples_path="synthetic",
-        held_out=device.measure(plan.held_out_points, seed + 1),
-    )

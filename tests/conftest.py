@@ -69,3 +69,10 @@ def wait_for_stats(admin_url: str, predicate: Callable[[dict], bool], what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}: {stats}")
         time.sleep(0.5)
+
+
+def lora_state_dict(engine) -> dict:
+    """A copy of the engine's LoRA weights on the host, to compare runs."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().to("cpu").clone() for k, v in get_peft_model_state_dict(engine.peft_model).items()}

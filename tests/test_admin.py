@@ -8,8 +8,8 @@ from fastapi.testclient import TestClient
 
 from base.errors import HarvestError
 from harvest.admin.admin_app import create_admin_app
-from harvest.colocation.finetune_job import FinetuneSpec
 from harvest.config import AdminConfig, ServeConfig
+from harvest.finetune import FinetuneConfig
 from harvest.runtime import HarvestRuntime
 from harvest.step_stats import DecodeStep
 
@@ -80,18 +80,26 @@ def test_loopback_admin_needs_no_token():
     ("device", "profile", "is_spatial"),
     [
         ("cpu", "predictor/profiles/cpu-smollm2-135m.json", False),
-        ("cpu", "harvest/replay/profiles/synthetic-h100-llama3-8b.json", False),  # co-run model, but no GPU
+        ("cpu", "predictor/profiles/synthetic-h100-llama3-8b.json", False),  # co-run model, but no GPU
         ("cuda", "predictor/profiles/cpu-smollm2-135m.json", False),  # a GPU, but no co-run model
-        ("cuda", "harvest/replay/profiles/synthetic-h100-llama3-8b.json", True),
+        ("cuda", "predictor/profiles/synthetic-h100-llama3-8b.json", True),
     ],
 )
-def test_runtime_reads_its_profile_once_and_lends_kv_only_when_temporal(device, profile, is_spatial):
+def test_runtime_reads_its_profile_once_and_lends_kv_only_when_temporal(device, profile, is_spatial, monkeypatch):
     """Spatial co-location needs a GPU and a co-run profile; its units run outside the scheduler thread,
-    so only temporal co-location lends KV memory."""
-    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneSpec("job.yaml", device=device), tpot_slo_ms=100.0,
+    so only temporal co-location lends KV memory. Profile.load is wrapped to count the reads."""
+    from predictor import Profile
+
+    reads = []
+    load = Profile.load.__func__
+    monkeypatch.setattr(Profile, "load", classmethod(lambda cls, path, *a, **k: reads.append(str(path))
+                                                     or load(cls, path, *a, **k)))
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig(device, yaml_path="job.yaml"), tpot_slo_ms=100.0,
                          profile_path=str(REPO / profile))
     runtime = HarvestRuntime(config)
     assert runtime.profile is not None and runtime.profile.device_name
     assert runtime.is_spatial is is_spatial and runtime.wants_kv_lending is not is_spatial
+    assert reads == [str(REPO / profile)], "the profile is read once at start-up"
     assert HarvestRuntime(ServeConfig(admin=AdminConfig(), profile_path=str(REPO / profile),
                                       tpot_slo_ms=100.0)).profile is None, "no job: no planner, no profile read"
+    assert len(reads) == 1

@@ -155,7 +155,7 @@ class PoolMachine(RuleBasedStateMachine):
             self.allocator.return_idle_chunks()
             assert all(s is ChunkState.KV for s in self.allocator.chunk_pool.ledger.states), "memory did not come home"
             assert self.slots.available_size() == self.slots.size
-            assert self.allocator.chunk_pool.num_live_tensors == 0
+            assert not self.allocator.chunk_pool._tensors
             assert self.allocator.stats()["chunks_lent"] == 0
         finally:
             self.allocator.close()

@@ -46,6 +46,8 @@ def test_port_in_use(harvest_cli, tiny_model_dir):
         (["--disaggregation-mode", "prefill"], ["decode worker"]),
         (["--admin-host", "0.0.0.0"], ["--admin-token"]),
         (["--kv-block-kib", "48"], ["--kv-block-kib", "48"]),
+        (["--tpot-slo-ms", "100", "--profile", "predictor/profiles/synthetic-h100-llama3-8b.json"],
+         ["SYNTHETIC", "--allow-synthetic-profile"]),
     ],
 )
 def test_bad_serve_flags(harvest_cli, tiny_model_dir, args, fragments):

@@ -5,7 +5,8 @@ import time
 import pytest
 
 from base.errors import HarvestError
-from harvest.colocation.finetune_job import FinetuneJob, FinetuneSpec, _build_engine
+from harvest.colocation.finetune_job import FinetuneJob, _build_engine
+from harvest.finetune import FinetuneConfig
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
 
@@ -27,7 +28,7 @@ def build_job(tmp_path, fail_at_unit: int | None = None) -> FinetuneJob:
             engine.run_next_unit = failing_run_next_unit
         return engine
 
-    job = FinetuneJob(FinetuneSpec(str(yaml_path)), engine_factory=factory)
+    job = FinetuneJob(FinetuneConfig(yaml_path=str(yaml_path)), engine_factory=factory)
     job.start()
     assert job.wait_built(timeout_s=120)
     return job

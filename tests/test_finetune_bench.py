@@ -26,4 +26,5 @@ def test_bench_tiny_reports_both_engines_and_identical_losses():
     assert result["harvest"]["vs_llamafactory"] == pytest.approx(speedup)
     assert result["max_loss_rel_diff"] < 1e-4
     window = result["harvest_window1"]
-    assert window["shrink_freed_bytes"] > 0 and window["shrink_ms"] >= 0
+    # Shrinking a 1-layer window frees that layer's frozen weights, host-side, well within one decode step.
+    assert window["shrink_freed_bytes"] > 0 and 0 < window["shrink_ms"] < 1000

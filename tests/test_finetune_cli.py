@@ -9,6 +9,7 @@ os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 import pytest
 import torch
 import yaml
+from conftest import lora_state_dict
 from safetensors.torch import load_file
 
 from harvest.cli.main import main
@@ -77,7 +78,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
 
     assert main(["finetune", str(path), "--output-dir", str(out_dir), "--resume", "--quiet"]) == 0
     saved = load_file(out_dir / "adapter_model.safetensors")
-    expected = reference.lora_state_dict()
+    expected = lora_state_dict(reference)
     assert saved.keys() == expected.keys()
     for key, weight in expected.items():
         torch.testing.assert_close(saved[key], weight, rtol=1e-5, atol=1e-7)

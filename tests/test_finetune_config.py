@@ -12,7 +12,7 @@ from base.errors import HarvestError
 from harvest.cli.main import main
 from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.finetune.finetune_config import FinetuneConfig
-from harvest.finetune.llamafactory_job import LlamaFactoryJob
+from harvest.finetune.llamafactory_args import LlamaFactoryArgs
 
 BAD = {
     "dataset": ({"dataset": "no_such_dataset"}, "dataset: 'no_such_dataset'"),
@@ -53,7 +53,7 @@ def test_bad_config_names_the_key_before_any_work(tmp_path, good_job, no_work, c
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     with pytest.raises(HarvestError) as excinfo:
-        LlamaFactoryJob.from_yaml(path)
+        LlamaFactoryArgs.from_yaml(path)
     assert message in str(excinfo.value)
     assert not (tmp_path / "out").exists()
 
@@ -69,14 +69,14 @@ def test_cli_prints_one_line_and_exits_2(tmp_path, good_job, capsys):
 
 
 def test_good_config_parses_with_llamafactory_defaults(good_job, tmp_path):
-    job = LlamaFactoryJob.from_dict({**good_job, "output_dir": str(tmp_path / "out")})
+    job = LlamaFactoryArgs.from_dict({**good_job, "output_dir": str(tmp_path / "out")})
     assert job.finetuning_args.stage == "sft" and job.finetuning_args.lora_rank == good_job["lora_rank"]
     assert job.training_args.gradient_accumulation_steps == good_job["gradient_accumulation_steps"]
     assert job.data_args.template == "default"
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"num_window_layers": 0}, {"max_unit_ms": 0.0}, {"max_chunk_rows": 0}, {"log_name": "a/b"}]
+    "kwargs", [{"num_window_layers": 0}, {"max_unit_ms": 0.0}, {"max_slice_rows": 0}, {"log_name": "a/b"}]
 )
 def test_finetune_config_invariants(kwargs):
     with pytest.raises(ValueError):

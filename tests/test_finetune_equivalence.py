@@ -71,12 +71,12 @@ def run_harvest(job_path, config: FinetuneConfig | None = None) -> tuple[list[fl
     while not engine.is_finished:
         losses.append(engine.run_step().loss)
     engine.close()
-    return losses, load_file(engine.job.output_dir / "adapter_model.safetensors")
+    return losses, load_file(engine.llamafactory.output_dir / "adapter_model.safetensors")
 
 
 def num_padded_batches(job_path) -> int:
     """Batches of the first epoch, in training order, whose rows hold unequal numbers of real tokens."""
-    dataloader = FinetuneEngine.from_yaml(job_path).recipe.dataloader
+    dataloader = FinetuneEngine.from_yaml(job_path).setup.dataloader
     dataloader.set_epoch(0)  # the Trainer's seedable sampler: epoch 0 is the order both runs trained on
     return sum(len(set(batch["attention_mask"].sum(dim=1).tolist())) > 1 for batch in dataloader)
 
@@ -100,8 +100,8 @@ def test_losses_and_adapter_match_llamafactory(tmp_path, case):
         assert num_padded_batches(job_path) > 0
 
 
-def test_row_chunked_units_with_one_resident_layer_match_llamafactory(tmp_path):
+def test_row_sliced_units_with_one_resident_layer_match_llamafactory(tmp_path):
     """Pins that splitting micro-batches into 1-row units and swapping every layer changes nothing."""
     job_path = write_tiny_job(tmp_path, num_layers=3, **CASES["padded_accumulated_clipped"])
-    config = FinetuneConfig(num_window_layers=1, max_chunk_rows=1)
+    config = FinetuneConfig(num_window_layers=1, max_slice_rows=1)
     assert_same_training(run_llamafactory(job_path), run_harvest(job_path, config))

@@ -10,6 +10,7 @@ os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 
 import pytest
 import torch
+from conftest import lora_state_dict
 
 from base.cuda_driver import ensure_driver_or_stub
 from harvest.finetune import FinetuneEngine
@@ -53,7 +54,7 @@ def train(engine: FinetuneEngine) -> tuple[list[float], dict]:
         result = engine.run_next_unit()
         if result.is_step_end:
             losses.append(result.loss)
-    return losses, engine.lora_state_dict()
+    return losses, lora_state_dict(engine)
 
 
 def test_window_in_lent_chunks_trains_like_torch_memory(job_path):

@@ -5,7 +5,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harvest.finetune.unit_sizer import UnitSizer
-from harvest.finetune.window_policy import WindowPolicy, count_fetches
+from harvest.finetune.window_policy import WindowPolicy
+
+
+def count_fetches(policy: WindowPolicy, layer_sequence: list[int], num_window_layers: int) -> int:
+    """Host-to-device layer loads a run over `layer_sequence` costs under `policy`."""
+    resident: set[int] = set()
+    num_fetches = 0
+    for index, layer_id in enumerate(layer_sequence):
+        if layer_id not in resident:
+            resident.add(layer_id)
+            num_fetches += 1
+        target = set(policy.target_layers(layer_sequence[index + 1 :], num_window_layers))
+        num_fetches += len(target - resident)
+        resident = target
+    return num_fetches
 
 
 @st.composite
@@ -54,18 +68,18 @@ def test_window_out_of_range_is_rejected():
     st.one_of(st.none(), st.integers(1, 64)),
 )
 def test_rows_per_chunk_fits_the_budget_and_stays_in_range(num_rows, tokens_per_row, max_unit_ms, ms_per_token, cap):
-    sizer = UnitSizer(max_unit_ms=max_unit_ms, max_chunk_rows=cap, smoothing=1.0)
-    assert sizer.rows_per_chunk(num_rows, tokens_per_row) == min(num_rows, cap or num_rows)  # nothing measured
+    sizer = UnitSizer(max_unit_ms=max_unit_ms, max_slice_rows=cap, smoothing=1.0)
+    assert sizer.rows_per_slice(num_rows, tokens_per_row) == min(num_rows, cap or num_rows)  # nothing measured
     sizer.observe("backward", 100, ms_per_token * 100)
-    rows = sizer.rows_per_chunk(num_rows, tokens_per_row)
+    rows = sizer.rows_per_slice(num_rows, tokens_per_row)
     assert 1 <= rows <= num_rows
     if cap is not None:
         assert rows <= cap
     if rows > 1:
         assert rows * tokens_per_row * ms_per_token <= max_unit_ms * (1 + 1e-9)
-    looser = UnitSizer(max_unit_ms=max_unit_ms * 2, max_chunk_rows=cap, smoothing=1.0)
+    looser = UnitSizer(max_unit_ms=max_unit_ms * 2, max_slice_rows=cap, smoothing=1.0)
     looser.observe("backward", 100, ms_per_token * 100)
-    assert looser.rows_per_chunk(num_rows, tokens_per_row) >= rows
+    assert looser.rows_per_slice(num_rows, tokens_per_row) >= rows
 
 
 def test_sizer_follows_the_slowest_unit_kind():
@@ -73,4 +87,4 @@ def test_sizer_follows_the_slowest_unit_kind():
     sizer.observe("forward", 100, 1.0)
     sizer.observe("backward", 100, 5.0)
     assert sizer.slowest_ms_per_token() == pytest.approx(0.05)
-    assert sizer.rows_per_chunk(64, 10) == 20
+    assert sizer.rows_per_slice(64, 10) == 20

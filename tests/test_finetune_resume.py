@@ -10,6 +10,7 @@ os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 
 import pytest
 import torch
+from conftest import lora_state_dict
 
 from base.errors import HarvestError
 from harvest.finetune import FinetuneConfig, FinetuneEngine
@@ -49,7 +50,7 @@ def run_to_end(engine, between_units=None) -> list[float]:
 def reference(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("reference")
     engine = FinetuneEngine.from_yaml(job(tmp_path, "out"))
-    return run_to_end(engine), engine.lora_state_dict()
+    return run_to_end(engine), lora_state_dict(engine)
 
 
 def assert_same_weights(actual, expected):
@@ -71,7 +72,7 @@ def test_pauses_between_arbitrary_units_do_not_change_the_result(tmp_path, refer
     engine = FinetuneEngine.from_yaml(job(tmp_path, "paused"))
     losses = run_to_end(engine, decode_like_work)
     assert losses == pytest.approx(reference[0], rel=1e-6)
-    assert_same_weights(engine.lora_state_dict(), reference[1])
+    assert_same_weights(lora_state_dict(engine), reference[1])
 
 
 def test_kill_then_resume_loses_only_the_steps_since_the_last_checkpoint(tmp_path, reference):
@@ -81,7 +82,7 @@ def test_kill_then_resume_loses_only_the_steps_since_the_last_checkpoint(tmp_pat
         engine.run_next_unit()
     for _ in range(5):  # part of step 4, then the process "dies" without a shutdown checkpoint
         engine.run_next_unit()
-    output_dir = engine.job.output_dir
+    output_dir = engine.llamafactory.output_dir
     del engine
     assert sorted(p.name for p in output_dir.glob("checkpoint-*")) == ["checkpoint-2"]
 
@@ -89,7 +90,7 @@ def test_kill_then_resume_loses_only_the_steps_since_the_last_checkpoint(tmp_pat
     assert resumed.global_step == SAVE_STEPS
     losses = run_to_end(resumed)
     assert losses == pytest.approx(reference[0][SAVE_STEPS:], rel=1e-6)
-    assert_same_weights(resumed.lora_state_dict(), reference[1])
+    assert_same_weights(lora_state_dict(resumed), reference[1])
     logged = [json.loads(line) for line in (output_dir / "finetune_log.jsonl").read_text().splitlines()]
     assert [record["step"] for record in logged] == list(range(1, MAX_STEPS + 1))
     assert not (output_dir / f"checkpoint-{MAX_STEPS}").exists()  # the last step is close()'s to save
@@ -108,7 +109,7 @@ def test_shutdown_checkpoint_mid_step_resumes_at_that_step(tmp_path, reference):
     assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "adapter_config.json").is_file()
     resumed = FinetuneEngine.from_yaml(path, config=FinetuneConfig(resume=True))
     assert run_to_end(resumed) == pytest.approx(reference[0][1:], rel=1e-6)
-    assert_same_weights(resumed.lora_state_dict(), reference[1])
+    assert_same_weights(lora_state_dict(resumed), reference[1])
 
 
 def test_resume_without_a_checkpoint_is_an_error_naming_the_output_dir(tmp_path):
@@ -124,4 +125,4 @@ def test_fresh_start_over_old_checkpoints_needs_overwrite_output_dir(tmp_path):
     with pytest.raises(HarvestError, match="output_dir: .* holds checkpoints of an earlier run"):
         FinetuneEngine.from_yaml(path, overrides={"overwrite_output_dir": False})
     fresh = FinetuneEngine.from_yaml(path)  # the job says overwrite_output_dir: true
-    assert fresh.global_step == 0 and not list(fresh.job.output_dir.glob("checkpoint-*"))
+    assert fresh.global_step == 0 and not list(fresh.llamafactory.output_dir.glob("checkpoint-*"))

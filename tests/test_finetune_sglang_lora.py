@@ -49,7 +49,7 @@ def adapter(tmp_path_factory) -> tuple[str, str]:
     while not engine.is_finished:
         engine.run_step()
     engine.close()
-    return yaml.safe_load(job_path.read_text())["model_name_or_path"], str(engine.job.output_dir)
+    return yaml.safe_load(job_path.read_text())["model_name_or_path"], str(engine.llamafactory.output_dir)
 
 
 def test_sglang_lora_loader_accepts_the_adapter_and_stacks_its_weights(adapter, monkeypatch):

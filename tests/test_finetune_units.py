@@ -8,6 +8,7 @@ os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 
 import pytest
 import torch
+from conftest import lora_state_dict
 
 from harvest.finetune import FinetuneConfig, FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
@@ -51,13 +52,13 @@ def test_a_tight_unit_budget_splits_micro_batches_without_changing_the_result(jo
     while not reference.is_finished:
         reference.run_step()
     split = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(max_unit_ms=1e-6))
-    chunk_ids = set()
+    slice_ids = set()
     while not split.is_finished:
-        chunk_ids.add(split.run_next_unit().chunk_id)
-    batch_size = split.job.training_args.per_device_train_batch_size
-    assert chunk_ids == set(range(batch_size))  # after step 1 measured the cost, every row is its own unit
-    expected = reference.lora_state_dict()
-    for key, weight in split.lora_state_dict().items():
+        slice_ids.add(split.run_next_unit().slice_id)
+    batch_size = split.llamafactory.training_args.per_device_train_batch_size
+    assert slice_ids == set(range(batch_size))  # after step 1 measured the cost, every row is its own unit
+    expected = lora_state_dict(reference)
+    for key, weight in lora_state_dict(split).items():
         torch.testing.assert_close(weight, expected[key], rtol=1e-5, atol=1e-7)
 
 
@@ -72,15 +73,16 @@ def test_finished_engine_refuses_more_units(job_path):
 def test_the_colocation_job_closes_a_finished_engine_once(job_path, monkeypatch):
     """Pins that the final checkpoint and adapter are written once: the engine used to close itself at its
     last step and FinetuneJob closed it again. Forced by counting close calls over a job run to the end."""
-    from harvest.colocation.finetune_job import FinetuneJob, FinetuneSpec
+    from harvest.colocation.finetune_job import FinetuneJob
+    from harvest.finetune import FinetuneConfig
 
     closed_at_steps = []
     close = FinetuneEngine.close
     monkeypatch.setattr(FinetuneEngine, "close", lambda self: closed_at_steps.append(self.global_step) or close(self))
-    job = FinetuneJob(FinetuneSpec(str(job_path)))
+    job = FinetuneJob(FinetuneConfig(yaml_path=str(job_path)))
     job.start()
     assert job.wait_built(timeout_s=120) and job.state.value == "running", job.error
-    output_dir = job.engine.job.output_dir
+    output_dir = job.engine.llamafactory.output_dir
     while job.can_run_unit():
         job.run_unit()
     assert job.state.value == "finished", job.error

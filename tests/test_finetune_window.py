@@ -7,6 +7,7 @@ os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 
 import pytest
 import torch
+from conftest import lora_state_dict
 
 from harvest.finetune import FinetuneConfig, FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
@@ -31,7 +32,7 @@ def train(job_path, config: FinetuneConfig, on_unit=None) -> tuple[list[float], 
             on_unit(engine, result)
         if result.is_step_end:
             losses.append(result.loss)
-    return losses, engine.lora_state_dict()
+    return losses, lora_state_dict(engine)
 
 
 def frozen_layer_numels(engine) -> list[int]:

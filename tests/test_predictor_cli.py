@@ -66,3 +66,11 @@ def test_bench_prints_decision_timing(capsys):
     assert result["num_candidates"] == 121
     assert result["decision_us_mean"] > 0 and result["decision_us_p99"] > 0
     assert 0 < result["fraction_co_run"] < 1
+    assert result["profile_is_synthetic"] is True and "synthetic" in result["profile_device"]
+
+
+def test_bench_on_a_measured_profile_says_it_is_not_synthetic(capsys):
+    measured = "predictor/profiles/cpu-smollm2-135m.json"
+    assert main(["bench", "predictor", "--profile", measured, "--num-decisions", "2000", "--tpot-ms", "300"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["profile"] == measured and result["profile_is_synthetic"] is False

@@ -13,7 +13,7 @@ from harvest.cli.status import print_table
 
 BENCH_MODULES = {
     "predictor": "predictor.bench",
-    "allocator": "allocator.bench",
+    "allocator": "harvest.bench.allocator",
     "finetune": "harvest.finetune.bench",
     "serve": "harvest.bench.serve",
 }

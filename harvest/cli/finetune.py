@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     # On --resume of a finished job this rewrites the same checkpoint and adapter: a kill between the two
     # writes of the first close() can leave an adapter of an earlier run in output_dir.
     engine.close()
-    output_dir = engine.job.output_dir
+    output_dir = engine.llamafactory.output_dir
     log_path = output_dir / engine.config.log_name
     if was_finished:
         print(f"already finished at step {engine.global_step}; adapter in {output_dir}, log {log_path}",

@@ -132,13 +132,14 @@ def _simulate(args: argparse.Namespace, trace, console) -> dict:
 
     from harvest.replay.replay_config import POLICIES, DeviceMemory, ReplayConfig
     from harvest.replay.replay_simulation import ReplaySimulation
-    from harvest.replay.synthetic_profile import SHIPPED_PATH
     from predictor import Profile
+    from predictor.synthetic_profile import SHIPPED_PATH
 
     profile_path = args.profile or str(SHIPPED_PATH)
     profile = Profile.load(profile_path)
     preset = args.memory or ("cpu-smollm2-135m" if profile.num_sms == 1 else "h100-llama3-8b")
     memory = DeviceMemory.from_name(preset).with_kv_capacity(args.kv_capacity_tokens)
+    console.print(f"memory preset {memory.name}: {memory.basis}")
     config = ReplayConfig(
         tpot_slo_ms=args.tpot_ms,
         policies=POLICIES if args.policy == "all" else (args.policy,),

@@ -28,6 +28,9 @@ def add_parser(subparsers) -> None:
                             help="decode latency target per step; finetuning never takes time a step needs")
     colocation.add_argument("--profile", default=None,
                             help="latency profile JSON (harvest profile); without it the budget comes from measured steps")
+    colocation.add_argument("--allow-synthetic-profile", action="store_true",
+                            help="run on a SYNTHETIC --profile (made-up numbers, e.g. the shipped H100 one); "
+                            "refused without this flag")
     colocation.add_argument("--finetune-max-unit-ms", type=float, default=None,
                             help="split micro-batches so one unit stays under this (default: a quarter of the target)")
     colocation.add_argument("--finetune-window-layers", type=int, default=None,
@@ -63,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
         kv_block_kib=args.kv_block_kib,
     )
     if config.profile_path is not None:
-        from predictor import Profile
-
-        Profile.load(config.profile_path)  # a bad profile fails here, not in the worker
+        _check_profile(config.profile_path, args.allow_synthetic_profile)
     # Ports first: the cheapest check, before SGLang is imported (SGLang's defaults: 127.0.0.1:30000).
     check_port_free(flag_value(args.passthrough, "--host") or "127.0.0.1",
                     port_flag(args.passthrough, "--port", 30000), "--port")
@@ -80,16 +81,38 @@ def _finetune_spec(args: argparse.Namespace, model_path):
     if args.finetune is None:
         return None
     from base.cuda_driver import has_real_driver
-    from harvest.colocation.finetune_job import FinetuneSpec
-    from harvest.finetune.llamafactory_job import LlamaFactoryJob
+    from base.errors import HarvestError
+    from harvest.finetune import FinetuneConfig
+    from harvest.finetune.llamafactory_args import LlamaFactoryArgs
 
     if args.tpot_slo_ms is None:
-        return FinetuneSpec(args.finetune)  # ServeConfig names the missing --tpot-slo-ms
-    LlamaFactoryJob.from_yaml(args.finetune)
-    return FinetuneSpec(
-        yaml_path=args.finetune,
-        device="cuda" if has_real_driver() else "cpu",
-        max_unit_ms=args.finetune_max_unit_ms or args.tpot_slo_ms / 4,
-        num_window_layers=args.finetune_window_layers,
-        resume=args.finetune_resume,
-    )
+        return FinetuneConfig(yaml_path=args.finetune)  # ServeConfig names the missing --tpot-slo-ms
+    LlamaFactoryArgs.from_yaml(args.finetune)
+    try:
+        return FinetuneConfig(
+            yaml_path=args.finetune,
+            device="cuda" if has_real_driver() else "cpu",
+            max_unit_ms=args.finetune_max_unit_ms or args.tpot_slo_ms / 4,
+            num_window_layers=args.finetune_window_layers,
+            resume=args.finetune_resume,
+        )
+    except ValueError as e:  # FinetuneConfig names the field; say it as the flag
+        raise HarvestError(f"--finetune-*: {e}") from None
+
+
+def _check_profile(path: str, allow_synthetic: bool) -> None:
+    """A bad profile fails here, not in the worker; a synthetic one only where the user asked for it."""
+    import sys
+
+    from base.errors import HarvestError
+    from predictor import Profile
+    from predictor.synthetic_profile import is_synthetic
+
+    profile = Profile.load(path)
+    if not is_synthetic(profile):
+        return
+    if not allow_synthetic:
+        raise HarvestError(f"--profile {path} is SYNTHETIC ({profile.device_name}): measure one with "
+                           "`harvest profile`, or pass --allow-synthetic-profile to plan with made-up numbers")
+    print(f"harvest serve: warning: --profile {path} is SYNTHETIC ({profile.device_name}); the split "
+          "planner's budget is made up, not measured", file=sys.stderr)

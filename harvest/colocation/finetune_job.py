@@ -11,10 +11,10 @@ import logging
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from enum import Enum
 
 from base.errors import HarvestError
+from harvest.finetune.finetune_config import FinetuneConfig
 
 logger = logging.getLogger(__name__)
 
@@ -34,25 +34,13 @@ ACTIVE_PHASES = (FinetuneState.RUNNING, FinetuneState.STARVED, FinetuneState.WAI
 ENDED_PHASES = (FinetuneState.STOPPED, FinetuneState.FAILED, FinetuneState.FINISHED)
 
 
-@dataclass(frozen=True, slots=True)
-class FinetuneSpec:
-    """What `harvest serve --finetune` asks for; built into an engine inside the scheduler process."""
-
-    yaml_path: str
-    model_path: str | None = None
-    device: str = "cpu"
-    max_unit_ms: float | None = None
-    num_window_layers: int | None = None
-    resume: bool = False
-
-
 class FinetuneJob:
     STARVED_AFTER_S = 2.0
 
-    def __init__(self, spec: FinetuneSpec, engine_factory=None, weight_memory=None):
+    def __init__(self, config: FinetuneConfig, engine_factory=None, weight_memory=None):
         """`weight_memory`: where the engine's resident frozen weights live (KV chunks lent by the worker's
         unified allocator); None: torch's allocator."""
-        self.spec = spec
+        self.config = config
         self._engine_factory = engine_factory or functools.partial(_build_engine, weight_memory=weight_memory)
         self.engine = None
         # The phase is set by the scheduler thread only; pausing is a separate flag the admin thread sets,
@@ -90,7 +78,7 @@ class FinetuneJob:
 
     def _build(self) -> None:
         try:
-            self.engine = self._engine_factory(self.spec)
+            self.engine = self._engine_factory(self.config)
             self._refresh_stats()
             self._phase = FinetuneState.RUNNING
         except Exception as e:  # noqa: BLE001 - any failure of the job must stay in the job
@@ -210,7 +198,7 @@ class FinetuneJob:
     def _release(self) -> None:
         """Drop the engine so its memory (weights, activations, optimizer state) goes back; its resident
         window is evicted first, so memory lent from KV is freed into the allocator, not leaked."""
-        device = self.spec.device
+        device = self.config.device
         if self.engine is not None:
             try:
                 self.engine.set_window(0)
@@ -224,10 +212,8 @@ class FinetuneJob:
             torch.cuda.empty_cache()
 
 
-def _build_engine(spec: FinetuneSpec, weight_memory=None):
-    from harvest.finetune import FinetuneConfig, FinetuneEngine
+def _build_engine(config: FinetuneConfig, weight_memory=None):
+    from harvest.finetune import FinetuneEngine
 
-    config = FinetuneConfig(device=spec.device, max_unit_ms=spec.max_unit_ms,
-                            num_window_layers=spec.num_window_layers, resume=spec.resume)
-    return FinetuneEngine.from_yaml(spec.yaml_path, config=config, model_path=spec.model_path,
+    return FinetuneEngine.from_yaml(config.yaml_path, config=config, model_path=config.model_path,
                                     weight_memory=weight_memory)

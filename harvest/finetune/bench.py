@@ -48,7 +48,7 @@ def _bench(args: argparse.Namespace, work_dir: Path) -> dict:
     import torch
 
     from harvest.finetune.demo.tiny_job import write_tiny_job
-    from harvest.finetune.llamafactory_job import LlamaFactoryJob
+    from harvest.finetune.llamafactory_args import LlamaFactoryArgs
 
     if args.tiny:
         config_path = write_tiny_job(work_dir, num_layers=4, max_steps=args.max_steps, save_steps=10**6)
@@ -56,7 +56,7 @@ def _bench(args: argparse.Namespace, work_dir: Path) -> dict:
         config_path = Path(args.config or Path(__file__).parent / "demo" / "demo.yaml")
     overrides = {"max_steps": args.max_steps, "save_steps": 10**6, "output_dir": str(work_dir / "harvest")}
     with contextlib.redirect_stdout(sys.stderr):
-        job = LlamaFactoryJob.from_yaml(config_path, overrides, model_path=args.model_path)
+        job = LlamaFactoryArgs.from_yaml(config_path, overrides, model_path=args.model_path)
 
     lf_raw = {**job.raw, "output_dir": str(work_dir / "llamafactory"), "overwrite_output_dir": True}
     # LlamaFactory prints its training example on stdout, which must carry only the result JSON.
@@ -136,10 +136,10 @@ def _run_llamafactory(raw: dict) -> tuple[list[float], list[float]]:
 
 def _run_harvest(raw: dict, device: str, num_window_layers: int | None) -> dict:
     from harvest.finetune import FinetuneConfig, FinetuneEngine
-    from harvest.finetune.llamafactory_job import LlamaFactoryJob
+    from harvest.finetune.llamafactory_args import LlamaFactoryArgs
 
     output_dir = raw["output_dir"] + (f"-w{num_window_layers}" if num_window_layers else "")
-    job = LlamaFactoryJob.from_dict({**raw, "output_dir": output_dir})
+    job = LlamaFactoryArgs.from_dict({**raw, "output_dir": output_dir})
     engine = FinetuneEngine(job, FinetuneConfig(device=device, num_window_layers=num_window_layers))
     losses, step_s = [], []
     while not engine.is_finished:

@@ -1,4 +1,4 @@
-"""The units of one chunk, run one at a time on a decoder-only causal LM laid out like Llama.
+"""The units of one row slice (rows of a micro-batch), run one at a time on a decoder-only causal LM laid out like Llama.
 
 embed -> forward(0..L-1) -> head (+ loss, + its backward) -> backward(L-1..0). Forward units run without
 autograd and keep only each layer's input; a backward unit recomputes its layer from that input with
@@ -17,7 +17,7 @@ from base.errors import HarvestError
 
 
 @dataclass(slots=True)
-class Chunk:
+class RowSlice:
     """One slice of rows of a micro-batch, with what its units pass to each other."""
 
     inputs: dict[str, torch.Tensor]
@@ -64,72 +64,72 @@ class DecoderUnits:
     def non_layer_modules(self) -> list[nn.Module]:
         return [self.embed_tokens, self.norm, self.rotary_emb, self.lm_head]
 
-    def embed(self, chunk: Chunk) -> None:
+    def embed(self, row_slice: RowSlice) -> None:
         from transformers.masking_utils import create_causal_mask
 
-        input_ids = chunk.inputs["input_ids"]
+        input_ids = row_slice.inputs["input_ids"]
         with torch.no_grad(), self._autocast():
             hidden = self.embed_tokens(input_ids)
         # position_ids: [1 or rows, seq_len], as LlamaModel.forward builds them when the batch has none.
-        position_ids = chunk.inputs.get("position_ids")
+        position_ids = row_slice.inputs.get("position_ids")
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        chunk.position_ids = position_ids
-        chunk.causal_mask = create_causal_mask(
+        row_slice.position_ids = position_ids
+        row_slice.causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=hidden,
-            attention_mask=chunk.inputs.get("attention_mask"),
+            attention_mask=row_slice.inputs.get("attention_mask"),
             past_key_values=None,
             position_ids=position_ids,
         )
-        chunk.position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
-        chunk.hidden = [hidden] + [None] * self.num_layers
+        row_slice.position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
+        row_slice.hidden = [hidden] + [None] * self.num_layers
 
-    def forward(self, chunk: Chunk, layer_id: int) -> None:
+    def forward(self, row_slice: RowSlice, layer_id: int) -> None:
         if self.uses_dropout:
-            chunk.rng_states[layer_id] = get_rng_state(self.device)
+            row_slice.rng_states[layer_id] = get_rng_state(self.device)
         with torch.no_grad(), self._autocast():
-            chunk.hidden[layer_id + 1] = self._run_layer(layer_id, chunk.hidden[layer_id], chunk)
+            row_slice.hidden[layer_id + 1] = self._run_layer(layer_id, row_slice.hidden[layer_id], row_slice)
 
-    def head(self, chunk: Chunk) -> torch.Tensor:
-        """Loss of the chunk (already divided by its denominator) and its backward down to the last layer."""
-        hidden = chunk.hidden[self.num_layers].detach().requires_grad_(True)
+    def head(self, row_slice: RowSlice) -> torch.Tensor:
+        """Loss of the row slice (already divided by its denominator) and its backward down to the last layer."""
+        hidden = row_slice.hidden[self.num_layers].detach().requires_grad_(True)
         with torch.enable_grad(), self._autocast():
             # logits: [rows, seq_len, vocab]
             logits = self.lm_head(self.norm(hidden))
             loss = self.base.loss_function(
                 logits=logits,
-                labels=chunk.inputs["labels"],
+                labels=row_slice.inputs["labels"],
                 vocab_size=self.config.vocab_size,
-                num_items_in_batch=chunk.loss_denominator,
+                num_items_in_batch=row_slice.loss_denominator,
             )
         loss.backward()
-        chunk.grad = hidden.grad
-        chunk.hidden[self.num_layers] = None
-        chunk.loss = loss.detach()
-        return chunk.loss
+        row_slice.grad = hidden.grad
+        row_slice.hidden[self.num_layers] = None
+        row_slice.loss = loss.detach()
+        return row_slice.loss
 
-    def backward(self, chunk: Chunk, layer_id: int) -> None:
+    def backward(self, row_slice: RowSlice, layer_id: int) -> None:
         needs_input_grad = layer_id > 0 or self.is_embed_trainable
-        hidden = chunk.hidden[layer_id].detach().requires_grad_(needs_input_grad)
-        rng_state = chunk.rng_states.pop(layer_id, None)
+        hidden = row_slice.hidden[layer_id].detach().requires_grad_(needs_input_grad)
+        rng_state = row_slice.rng_states.pop(layer_id, None)
         with _restored_rng(self.device, rng_state), torch.enable_grad(), self._autocast():
-            output = self._run_layer(layer_id, hidden, chunk)
-        torch.autograd.backward(output, chunk.grad)
-        chunk.grad = hidden.grad if needs_input_grad else None
-        chunk.hidden[layer_id] = None
+            output = self._run_layer(layer_id, hidden, row_slice)
+        torch.autograd.backward(output, row_slice.grad)
+        row_slice.grad = hidden.grad if needs_input_grad else None
+        row_slice.hidden[layer_id] = None
         if layer_id == 0 and self.is_embed_trainable:
             with torch.enable_grad(), self._autocast():
-                embedded = self.embed_tokens(chunk.inputs["input_ids"])
-            torch.autograd.backward(embedded, chunk.grad)
-            chunk.grad = None
+                embedded = self.embed_tokens(row_slice.inputs["input_ids"])
+            torch.autograd.backward(embedded, row_slice.grad)
+            row_slice.grad = None
 
-    def _run_layer(self, layer_id: int, hidden: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+    def _run_layer(self, layer_id: int, hidden: torch.Tensor, row_slice: RowSlice) -> torch.Tensor:
         output = self.layers[layer_id](
             hidden,
-            attention_mask=chunk.causal_mask,
-            position_ids=chunk.position_ids,
-            position_embeddings=chunk.position_embeddings,
+            attention_mask=row_slice.causal_mask,
+            position_ids=row_slice.position_ids,
+            position_embeddings=row_slice.position_embeddings,
         )
         return output[0] if isinstance(output, tuple) else output
 

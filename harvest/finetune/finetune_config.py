@@ -1,4 +1,5 @@
-"""harvest's own knobs for a finetune job; the training recipe itself is the LlamaFactory YAML."""
+"""One finetune job's configuration: harvest's own knobs, and (for `harvest serve --finetune`) the
+LlamaFactory YAML whose training the job runs."""
 
 from dataclasses import dataclass
 
@@ -10,20 +11,25 @@ class FinetuneConfig:
     num_window_layers: int | None = None
     """Decoder layers whose frozen weights stay resident on the device; None keeps all of them (no swapping)."""
     max_unit_ms: float | None = None
-    """Split micro-batches into row chunks so one unit stays under this many ms; None never splits on time."""
-    max_chunk_rows: int | None = None
+    """Split micro-batches into row slices so one unit stays under this many ms; None never splits on time."""
+    max_slice_rows: int | None = None
     """Hard cap on rows per unit, applied after `max_unit_ms`; None means no cap."""
     resume: bool = False
     """Continue from the newest harvest checkpoint in the job's output_dir."""
     log_name: str = "finetune_log.jsonl"
     """Per-step JSON lines log (loss, tokens/s, window), written inside output_dir."""
+    yaml_path: str | None = None
+    """The LlamaFactory YAML a co-located job builds its engine from (an engine built directly is given the
+    parsed YAML instead)."""
+    model_path: str | None = None
+    """Overrides the YAML's model_name_or_path (the worker's own model)."""
 
     def __post_init__(self) -> None:
         if self.num_window_layers is not None and self.num_window_layers < 1:
             raise ValueError(f"num_window_layers must be >= 1 or None, got {self.num_window_layers}")
         if self.max_unit_ms is not None and self.max_unit_ms <= 0:
             raise ValueError(f"max_unit_ms must be > 0 or None, got {self.max_unit_ms}")
-        if self.max_chunk_rows is not None and self.max_chunk_rows < 1:
-            raise ValueError(f"max_chunk_rows must be >= 1 or None, got {self.max_chunk_rows}")
+        if self.max_slice_rows is not None and self.max_slice_rows < 1:
+            raise ValueError(f"max_slice_rows must be >= 1 or None, got {self.max_slice_rows}")
         if not self.log_name or "/" in self.log_name:
             raise ValueError(f"log_name must be a plain file name, got {self.log_name!r}")

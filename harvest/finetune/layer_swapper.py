@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from harvest.finetune.weight_memory import DeviceMemory, WeightMemory
+from harvest.finetune.weight_memory import TorchWeightMemory, WeightMemory
 
 
 @dataclass(slots=True)
@@ -29,7 +29,7 @@ class _FrozenGroup:
 class LayerSwapper:
     def __init__(self, layers: nn.ModuleList, device: torch.device, memory: WeightMemory | None = None) -> None:
         self.device = device
-        self.memory = memory or DeviceMemory(device)
+        self.memory = memory or TorchWeightMemory(device)
         self._is_cuda = device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(device) if self._is_cuda else None
         self._groups: list[list[_FrozenGroup]] = []

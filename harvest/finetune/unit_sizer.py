@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 class UnitSizer:
     max_unit_ms: float | None = None
     """Target upper bound on one unit's duration; None never splits on time."""
-    max_chunk_rows: int | None = None
+    max_slice_rows: int | None = None
     """Hard cap on rows per unit (deterministic splitting, for tests and tiny memory budgets)."""
     smoothing: float = 0.5
     """Weight of the newest sample in the per-kind moving average of ms per token."""
@@ -21,8 +21,8 @@ class UnitSizer:
     def __post_init__(self) -> None:
         if self.max_unit_ms is not None and self.max_unit_ms <= 0:
             raise ValueError(f"max_unit_ms must be > 0, got {self.max_unit_ms}")
-        if self.max_chunk_rows is not None and self.max_chunk_rows < 1:
-            raise ValueError(f"max_chunk_rows must be >= 1, got {self.max_chunk_rows}")
+        if self.max_slice_rows is not None and self.max_slice_rows < 1:
+            raise ValueError(f"max_slice_rows must be >= 1, got {self.max_slice_rows}")
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
 
@@ -36,7 +36,7 @@ class UnitSizer:
     def slowest_ms_per_token(self) -> float | None:
         return max(self._ms_per_token.values(), default=None)
 
-    def rows_per_chunk(self, num_rows: int, tokens_per_row: int) -> int:
+    def rows_per_slice(self, num_rows: int, tokens_per_row: int) -> int:
         """Rows per unit in [1, num_rows]: as many as fit `max_unit_ms` at the slowest measured unit kind."""
         if num_rows < 1:
             raise ValueError(f"num_rows must be >= 1, got {num_rows}")
@@ -44,6 +44,6 @@ class UnitSizer:
         ms_per_token = self.slowest_ms_per_token()
         if self.max_unit_ms is not None and ms_per_token:
             rows = math.floor(self.max_unit_ms / (ms_per_token * max(tokens_per_row, 1)))
-        if self.max_chunk_rows is not None:
-            rows = min(rows, self.max_chunk_rows)
+        if self.max_slice_rows is not None:
+            rows = min(rows, self.max_slice_rows)
         return max(1, min(rows, num_rows))

@@ -1,6 +1,6 @@
 """Where the resident window's frozen weights live on the device.
 
-`DeviceMemory` is torch's own allocator (the engine alone). Inside a decode worker the unified allocator
+`TorchWeightMemory` is torch's own allocator (the engine alone). Inside a decode worker the unified allocator
 (`allocator.UnifiedAllocator`, memory lent from free KV-cache chunks) takes its place: same two calls.
 """
 
@@ -18,7 +18,7 @@ class WeightMemory(Protocol):
         """Give back a tensor from alloc_tensor; no view of it is used afterwards."""
 
 
-class DeviceMemory:
+class TorchWeightMemory:
     def __init__(self, device: torch.device):
         self.device = device
 

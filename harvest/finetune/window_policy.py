@@ -1,6 +1,6 @@
 """Which decoder layers' frozen weights to keep resident: the next W distinct layers the units will touch.
 
-Torch-free. Units touch layers in the order F0..F(L-1), B(L-1)..B0 per chunk, so with the future known
+Torch-free. Units touch layers in the order F0..F(L-1), B(L-1)..B0 per row slice, so with the future known
 exactly, keeping the W soonest-needed layers is Belady's optimal replacement for a window of W.
 """
 
@@ -18,7 +18,7 @@ class WindowPolicy:
             raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
 
     def pass_order(self) -> list[int]:
-        """Layers one chunk touches: forward up, backward down."""
+        """Layers one row slice touches: forward up, backward down."""
         return list(range(self.num_layers)) + list(reversed(range(self.num_layers)))
 
     def target_layers(self, upcoming_layer_ids: Iterable[int], num_window_layers: int) -> list[int]:
@@ -36,16 +36,3 @@ class WindowPolicy:
                     break
         return target
 
-
-def count_fetches(policy: WindowPolicy, layer_sequence: list[int], num_window_layers: int) -> int:
-    """Host-to-device layer loads a run over `layer_sequence` costs under `policy` (for tests and the bench)."""
-    resident: set[int] = set()
-    num_fetches = 0
-    for index, layer_id in enumerate(layer_sequence):
-        if layer_id not in resident:
-            resident.add(layer_id)
-            num_fetches += 1
-        target = set(policy.target_layers(layer_sequence[index + 1 :], num_window_layers))
-        num_fetches += len(target - resident)
-        resident = target
-    return num_fetches

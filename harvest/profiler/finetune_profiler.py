@@ -62,7 +62,7 @@ class FinetuneProfiler:
                     while not engine.is_finished:
                         results.append(engine.run_next_unit())
                 measure_s = time.perf_counter() - timed_started
-            args = engine.job.training_args
+            args = engine.llamafactory.training_args
             samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         num_tokens = sum(r.num_trained_tokens for r in results)
         num_samples = samples_per_step * self.num_steps

@@ -24,6 +24,8 @@ class DeviceMemory:
     """Always on the device while finetuning: LoRA weights, optimizer state, activations of a micro-batch."""
     host_link_bytes_per_s: float
     """Host-device copy bandwidth; sets how long giving one layer back takes (the HARLI reserve)."""
+    basis: str = "guessed"
+    """Which of the numbers above were measured and which are guessed (printed with every simulated replay)."""
 
     def __post_init__(self) -> None:
         for name in ("kv_capacity_tokens", "kv_bytes_per_token", "ft_num_layers", "ft_layer_bytes"):
@@ -49,6 +51,7 @@ class DeviceMemory:
             self.ft_layer_bytes,
             self.ft_resident_bytes,
             self.host_link_bytes_per_s,
+            f"{self.basis}; kv_capacity_tokens set by --kv-capacity-tokens",
         )
 
     @classmethod
@@ -64,12 +67,17 @@ MEMORY_PRESETS = {
     # at 128 KiB per token (32 layers x 8 KV heads x 128 x 2 x 2 B); the finetune job's frozen layer is
     # 218 M params x 2 B, and a micro-batch of 2 x 1024 tokens with LoRA state keeps ~4 GB resident.
     "h100-llama3-8b": DeviceMemory(
-        "h100-llama3-8b", 52 * GIB // (128 << 10), 128 << 10, 32, 436_000_000, 4 * GIB, 25e9
+        "h100-llama3-8b", 52 * GIB // (128 << 10), 128 << 10, 32, 436_000_000, 4 * GIB, 25e9,
+        "all guessed: arithmetic from Llama3-8B's shapes and H100 datasheet figures, no H100 measured",
     ),
     # The CPU demo: SmolLM2-135M served with an fp16 KV cache (30 layers x 3 KV heads x 64 x 2 x 2 B = 22.5 KiB
     # per token), the KV pool `harvest demo` starts with (16384 tokens), a 3.54 M-param fp32 frozen layer
     # (14.16 MB, measured as the engine's resident bytes / 30).
-    "cpu-smollm2-135m": DeviceMemory("cpu-smollm2-135m", 16384, 23040, 30, 14_160_384, 200_000_000, 10e9),
+    "cpu-smollm2-135m": DeviceMemory(
+        "cpu-smollm2-135m", 16384, 23040, 30, 14_160_384, 200_000_000, 10e9,
+        "measured: ft_layer_bytes; from the worker's config: kv_capacity_tokens, kv_bytes_per_token; "
+        "guessed: ft_resident_bytes, host_link_bytes_per_s",
+    ),
 }
 
 

@@ -1,11 +1,4 @@
-"""Simulated replay: every policy on the same trace, costed on the same hardware, into results.json.
-
-The fleet is HARLI's (sec. 8.1): two devices. `separate` decodes on one and finetunes alone on the
-other; `harvest` and `temporal` decode on one, harvesting it, and finetune alone on the other; `static`
-splits both 60/40 and sends the requests round-robin to the two (HARLI's StaticMode co-locates on both
-GPUs). Finetune tokens/s are the fleet's, over the span until the last request finishes, so
-`separate`'s is exactly the profile's whole-device solo rate and a ratio to it is HARLI's Fig. 11b.
-"""
+"""Simulated replay: every policy on the same trace, costed on the same hardware, into results.json."""
 
 import datetime
 import time
@@ -19,13 +12,22 @@ from harvest.replay.decode_simulator import DecodeSimulator, DeviceRun
 from harvest.replay.finetune_rates import FinetuneRates
 from harvest.replay.policy_summary import summarize_policy
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
-from harvest.replay.synthetic_profile import is_synthetic
 from predictor import Profile
+from predictor.synthetic_profile import is_synthetic
 from traces.trace import Trace
 
 SCHEMA_VERSION = 1
 DEDICATED_FINETUNE_DEVICE = {"separate": True, "harvest": True, "temporal": True, "static": False}
 NUM_DECODE_DEVICES = {"separate": 1, "harvest": 1, "temporal": 1, "static": 2}
+
+FLEET = (
+    "The fleet is HARLI's (sec. 8.1): two devices. `separate` decodes on one and finetunes alone on the "
+    "other; `harvest` and `temporal` decode on one, harvesting it, and finetune alone on the other; `static` "
+    "splits both 60/40 and sends the requests round-robin to the two (HARLI's StaticMode co-locates on both "
+    "GPUs). Finetune tokens/s are the fleet's, over the span until the last request finishes, so "
+    "`separate`'s is exactly the profile's whole-device solo rate and a ratio to it is HARLI's Fig. 11b."
+)
+"""How the policies' devices are counted (written into results.json as `fleet`)."""
 
 
 class ReplaySimulation:
@@ -99,7 +101,7 @@ class ReplaySimulation:
                 "plan_margin": self.config.plan_margin,
                 "seed": self.config.seed,
             },
-            "fleet": __doc__.split("\n\n")[1].replace("\n", " "),
+            "fleet": FLEET,
             "notes": self.notes(),
             "policies": entries,
             "simulation_s": {"total": round(time.perf_counter() - started, 3), **timings},

@@ -52,7 +52,7 @@ REQUIRED_KEYS = ("model_name_or_path", "dataset", "output_dir")
 
 
 @dataclass(frozen=True, slots=True)
-class LlamaFactoryJob:
+class LlamaFactoryArgs:
     """The parsed argument objects of one LlamaFactory SFT-LoRA job (LlamaFactory's own types)."""
 
     raw: dict[str, Any]
@@ -66,7 +66,7 @@ class LlamaFactoryJob:
     @classmethod
     def from_yaml(
         cls, path: str | Path, overrides: dict[str, Any] | None = None, model_path: str | None = None
-    ) -> "LlamaFactoryJob":
+    ) -> "LlamaFactoryArgs":
         path = Path(path)
         if not path.is_file():
             raise HarvestError(f"config file {str(path)!r} does not exist")
@@ -85,7 +85,7 @@ class LlamaFactoryJob:
         overrides: dict[str, Any] | None = None,
         model_path: str | None = None,
         base_dir: Path | None = None,
-    ) -> "LlamaFactoryJob":
+    ) -> "LlamaFactoryArgs":
         raw = {**raw, **(overrides or {})}
         if model_path is not None:
             raw["model_name_or_path"] = model_path

@@ -1,4 +1,5 @@
-"""A SYNTHETIC H100 profile for the simulator's tests and the default demo: no GPU has been measured.
+"""A SYNTHETIC H100 profile for the simulator's tests, the default demo and `harvest bench predictor`: no GPU
+has been measured.
 
 Decode latency is predictor.SyntheticDevice (Llama3-8B-on-H100-like: eq. 2 and 3 plus 2 % noise),
 sampled on the profiler's own SamplingPlan and fitted by the real predictor. Finetune speed is made up
@@ -6,7 +7,7 @@ to the same scale: LoRA on Llama3-8B at ~3000 tokens/s on the whole device, subl
 0.8), 20 % slower beside decode, 10 ms units (HARLI 6.1). The device name says `synthetic` so no number
 computed from it can pass for a measurement.
 
-Regenerate the shipped file: `python -m harvest.replay.synthetic_profile`.
+Regenerate the shipped file: `python -m predictor.synthetic_profile`.
 """
 
 from pathlib import Path
@@ -55,6 +56,7 @@ def build_synthetic_profile(seed: int = 0, max_batch_size: int = 256, max_seq_le
 
 
 def is_synthetic(profile: Profile) -> bool:
+    """True for a profile built here (or named so): nothing computed from it is a measurement."""
     return "synthetic" in profile.device_name.lower()
 
 

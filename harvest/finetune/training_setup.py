@@ -1,4 +1,4 @@
-"""TrainingRecipe: what LlamaFactory and its HF Trainer decide for a job, built by their own code.
+"""TrainingSetup: what LlamaFactory and its HF Trainer decide for a job, built by their own code.
 
 The PEFT model, tokenizer, dataset and collator come from LlamaFactory's SFT workflow functions; the data
 order, optimizer, LR schedule, step count and save interval come from a LlamaFactory trainer object whose
@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from harvest.finetune.llamafactory_job import LlamaFactoryJob
+from harvest.finetune.llamafactory_args import LlamaFactoryArgs
 
 
 @dataclass(frozen=True, slots=True)
-class TrainingRecipe:
+class TrainingSetup:
     peft_model: Any
     tokenizer: Any
     dataloader: Any
@@ -34,7 +34,7 @@ class TrainingRecipe:
     autocast_dtype: torch.dtype | None
 
     @classmethod
-    def build(cls, job: LlamaFactoryJob) -> "TrainingRecipe":
+    def build(cls, llamafactory: LlamaFactoryArgs) -> "TrainingSetup":
         from llamafactory.data import (
             SFTDataCollatorWith4DAttentionMask,
             get_dataset,
@@ -43,7 +43,7 @@ class TrainingRecipe:
         from llamafactory.extras.constants import IGNORE_INDEX
         from llamafactory.model import load_model, load_tokenizer
 
-        model_args, data_args, training_args = job.model_args, job.data_args, job.training_args
+        model_args, data_args, training_args = llamafactory.model_args, llamafactory.data_args, llamafactory.training_args
         # Frozen weights start in host memory; the layer swapper decides what reaches the device.
         model_args.device_map = {"": "cpu"}
         # The call order of llamafactory.train.sft.workflow.run_sft, so the seeded RNG draws the same LoRA init.
@@ -51,7 +51,7 @@ class TrainingRecipe:
         tokenizer = tokenizer_module["tokenizer"]
         template = get_template_and_fix_tokenizer(tokenizer, data_args)
         dataset_module = get_dataset(template, model_args, data_args, training_args, stage="sft", **tokenizer_module)
-        model = load_model(tokenizer, model_args, job.finetuning_args, is_trainable=True)
+        model = load_model(tokenizer, model_args, llamafactory.finetuning_args, is_trainable=True)
         collator = SFTDataCollatorWith4DAttentionMask(
             template=template,
             model=model,
@@ -63,7 +63,7 @@ class TrainingRecipe:
             compute_dtype=model_args.compute_dtype,
             **tokenizer_module,
         )
-        trainer = _loop_free_trainer(model, job, collator, dataset_module, tokenizer_module)
+        trainer = _loop_free_trainer(model, llamafactory, collator, dataset_module, tokenizer_module)
         dataloader = trainer.get_train_dataloader()
         values = trainer.set_initial_training_values(training_args, dataloader)
         _, num_update_steps_per_epoch, _, _, _, num_batches_per_epoch, max_steps = values
@@ -106,7 +106,7 @@ def _save_interval(training_args, max_steps: int) -> int | None:
     return math.ceil(max_steps * save_steps) if save_steps < 1 else int(save_steps)
 
 
-def _loop_free_trainer(model, job: LlamaFactoryJob, collator, dataset_module, tokenizer_module):
+def _loop_free_trainer(model, llamafactory: LlamaFactoryArgs, collator, dataset_module, tokenizer_module):
     from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 
     class LoopFreeTrainer(CustomSeq2SeqTrainer):
@@ -115,8 +115,8 @@ def _loop_free_trainer(model, job: LlamaFactoryJob, collator, dataset_module, to
 
     return LoopFreeTrainer(
         model=model,
-        args=job.training_args,
-        finetuning_args=job.finetuning_args,
+        args=llamafactory.training_args,
+        finetuning_args=llamafactory.finetuning_args,
         data_collator=collator,
         **dataset_module,
         **tokenizer_module,

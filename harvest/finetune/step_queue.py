@@ -1,0 +1,120 @@
+"""StepQueue: the units of the current optimizer step, in order, over the HF Trainer's own data order.
+
+A step takes the next gradient-accumulation window of micro-batches from the Trainer's dataloader, splits
+each into row slices (UnitSizer: so one unit stays under its time bound) and queues, per row slice,
+embed -> forward per layer -> head -> backward per layer (reversed), then one optimizer unit.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harvest.finetune.decoder_units import RowSlice
+from harvest.finetune.training_setup import TrainingSetup
+from harvest.finetune.unit_sizer import UnitSizer
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    kind: str
+    layer_id: int | None
+    slice_id: int
+
+
+class StepQueue:
+    def __init__(self, setup: TrainingSetup, sizer: UnitSizer, device: torch.device, num_layers: int):
+        self._setup, self._sizer, self._device, self._num_layers = setup, sizer, device, num_layers
+        self._units: deque[Unit] = deque()
+        self.slices: list[RowSlice] = []
+        self.epoch, self.update_step = 0, 0
+
+    def start(self, epoch: int, update_step: int) -> None:
+        """Position the data at (epoch, update_step): 0, 0 for a new job, a checkpoint's for a resumed one."""
+        if update_step == self._setup.num_update_steps_per_epoch:
+            epoch, update_step = epoch + 1, 0
+        self.epoch, self.update_step = epoch, update_step
+        self._open_epoch(epoch, update_step * self._setup.num_grad_accum_steps)
+
+    def peek(self) -> Unit | None:
+        """The next unit of the step in progress; None between steps (the next one starts with "embed")."""
+        return self._units[0] if self._units else None
+
+    def pop(self) -> Unit:
+        """The next unit, starting a new step (its batches read, split and queued) when none is in progress."""
+        if not self._units:
+            self._begin_step()
+        return self._units.popleft()
+
+    @property
+    def num_step_tokens(self) -> int:
+        return sum(row_slice.num_tokens for row_slice in self.slices)
+
+    def upcoming_layer_ids(self) -> list[int]:
+        return [unit.layer_id for unit in self._units if unit.layer_id is not None]
+
+    def end_update_step(self) -> None:
+        self.update_step += 1
+
+    @property
+    def is_epoch_end(self) -> bool:
+        return self.update_step == self._setup.num_update_steps_per_epoch
+
+    def end_step(self) -> None:
+        self.slices = []
+
+    def _open_epoch(self, epoch: int, num_skip_batches: int) -> None:
+        if hasattr(self._setup.dataloader, "set_epoch"):
+            self._setup.dataloader.set_epoch(epoch)
+        self._epoch_iter = iter(self._setup.dataloader)
+        for _ in range(num_skip_batches):
+            next(self._epoch_iter)
+
+    def _begin_step(self) -> None:
+        setup = self._setup
+        if self.update_step == setup.num_update_steps_per_epoch:
+            self.epoch, self.update_step = self.epoch + 1, 0
+            self._open_epoch(self.epoch, 0)
+        # As the Trainer's epoch loop: the last update step of an epoch takes what is left of it.
+        remainder = setup.num_batches_per_epoch % setup.num_grad_accum_steps or setup.num_grad_accum_steps
+        is_last_of_epoch = self.update_step == setup.num_update_steps_per_epoch - 1
+        num_batches = remainder if is_last_of_epoch else setup.num_grad_accum_steps
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(self._epoch_iter))
+            except StopIteration:
+                break
+        # The HF Trainer's normalisation: with loss kwargs, token sum / labelled tokens of the whole
+        # accumulation window; without, each micro-batch's mean / micro-batches in the window.
+        num_items = sum(batch["labels"].ne(IGNORE_INDEX).sum() for batch in batches)
+        self.slices = []
+        for batch in batches:
+            batch = {k: v.to(self._device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            if setup.model_accepts_loss_kwargs:
+                denominator = num_items
+            else:
+                denominator = batch["labels"][:, 1:].ne(IGNORE_INDEX).sum() * len(batches)
+            self.slices.extend(self._split(batch, torch.as_tensor(denominator, device=self._device)))
+        for slice_id in range(len(self.slices)):
+            self._units.append(Unit("embed", None, slice_id))
+            self._units.extend(Unit("forward", i, slice_id) for i in range(self._num_layers))
+            self._units.append(Unit("head", None, slice_id))
+            self._units.extend(Unit("backward", i, slice_id) for i in reversed(range(self._num_layers)))
+        self._units.append(Unit("optimizer", None, len(self.slices) - 1))
+
+    def _split(self, batch: dict[str, Any], denominator: torch.Tensor) -> list[RowSlice]:
+        inputs = {k: v for k, v in batch.items() if torch.is_tensor(v)}
+        num_rows, seq_len = inputs["input_ids"].shape
+        rows = self._sizer.rows_per_slice(num_rows, seq_len)
+        row_slices = []
+        for start in range(0, num_rows, rows):
+            # every tensor of the batch: [num_rows, ...] sliced to [rows, ...]; others (shared) kept whole
+            part = {k: (v[start : start + rows] if v.shape[0] == num_rows else v) for k, v in inputs.items()}
+            mask = part.get("attention_mask")
+            num_tokens = int(mask.sum()) if mask is not None and mask.dim() == 2 else part["input_ids"].numel()
+            row_slices.append(RowSlice(part, denominator, num_tokens))
+        return row_slices
