@@ -1,22 +1,7 @@
 """`harvest replay`: replay a request trace live against a running worker, or simulate it per policy."""
 
 import argparse
-import json
-import re
-import time
-from pathlib import Path
-
-from base.errors import HarvestError
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|min|h)?\s*$")
-_UNIT_S = {None: 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
-
-
-def parse_duration_s(text: str, flag: str) -> float:
-    match = _DURATION.match(text)
-    if not match:
-        raise HarvestError(f"{flag} {text!r} is not a duration (600s, 10m, 1h or a number of seconds)")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
+import dataclasses
 
 
 def add_parser(subparsers) -> None:
@@ -80,119 +65,13 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def load_replay_trace(args: argparse.Namespace):
-    from traces.trace_loader import load_trace
-
-    trace = load_trace(args.trace)
-    if args.window is not None or args.window_start != "0":
-        duration = None if args.window is None else parse_duration_s(args.window, "--window")
-        trace = trace.window(parse_duration_s(args.window_start, "--window-start"), duration)
-    trace = trace.scale_rate(args.rate_scale)
-    if args.max_context_tokens is not None or args.max_generated_tokens is not None:
-        trace = trace.cap_lengths(args.max_context_tokens, args.max_generated_tokens)
-    return trace
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from harvest.replay.comparison_table import print_comparison
+    from harvest.replay.replay_run import ReplayRunConfig, run_replay
 
-    if bool(args.target) == bool(args.simulate):
-        raise HarvestError("give exactly one of --target URL (live) and --simulate (with --profile)")
+    config = ReplayRunConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ReplayRunConfig)})
     console = Console(stderr=True)
-    trace = load_replay_trace(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    results = _simulate(args, trace, console) if args.simulate else _live(args, trace, console)
-    results["trace"].update(
-        spec=args.trace,
-        window=args.window,
-        window_start=args.window_start,
-        rate_scale=args.rate_scale,
-        max_context_tokens=args.max_context_tokens,
-        max_generated_tokens=args.max_generated_tokens,
-    )
-    results["wall_s"] = round(time.perf_counter() - started, 3)
-    path = out / "results.json"
-    path.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
-    print_comparison(results, Console(width=None if console.is_terminal else 160))
-    written = [path]
-    if not args.no_plots:
-        from harvest.replay.replay_plots import write_plots
-
-        written += write_plots(results, out)
+    results, written = run_replay(config, console)
     console.print(f"wrote {', '.join(str(p) for p in written)} ({results['wall_s']:.1f} s)")
     return 0
-
-
-def _simulate(args: argparse.Namespace, trace, console) -> dict:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from harvest.replay.replay_config import POLICIES, DeviceMemory, ReplayConfig
-    from harvest.replay.replay_simulation import ReplaySimulation
-    from predictor import Profile
-    from predictor.synthetic_profile import SHIPPED_PATH
-
-    profile_path = args.profile or str(SHIPPED_PATH)
-    profile = Profile.load(profile_path)
-    preset = args.memory or ("cpu-smollm2-135m" if profile.num_sms == 1 else "h100-llama3-8b")
-    memory = DeviceMemory.from_name(preset).with_kv_capacity(args.kv_capacity_tokens)
-    console.print(f"memory preset {memory.name}: {memory.basis}")
-    config = ReplayConfig(
-        tpot_slo_ms=args.tpot_ms,
-        policies=POLICIES if args.policy == "all" else (args.policy,),
-        static_infer_share=args.static_share,
-        max_running_requests=args.max_running_requests,
-        finetune_tokens_per_sample=args.tokens_per_sample,
-        latency_noise=args.latency_noise,
-        plan_margin=args.plan_margin,
-        seed=args.seed,
-    )
-    simulation = ReplaySimulation(profile, memory, config, profile_path)
-    span_s = max(trace.duration_s, 1e-9)
-    with Progress(
-        TextColumn("simulating {task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("", total=simulation.num_device_runs() * span_s)
-        state = {"done": 0.0, "last": 0.0}
-
-        def on_progress(policy: str, t_s: float) -> None:
-            if t_s < state["last"]:
-                state["done"] += state["last"]
-            state["last"] = min(t_s, span_s)
-            progress.update(task, completed=state["done"] + state["last"], description=policy)
-
-        return simulation.run(trace, on_progress)
-
-
-def _live(args: argparse.Namespace, trace, console) -> dict:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from harvest.replay.live_replay import LiveReplay
-
-    replay = LiveReplay(
-        args.target, args.admin, args.tpot_ms, args.concurrency, args.tokens_per_sample, drain_s=args.drain_s
-    )
-    with Progress(
-        TextColumn("replaying live"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("", total=trace.num_requests)
-        return replay.run(trace, lambda i: progress.advance(task))

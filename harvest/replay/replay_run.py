@@ -1,0 +1,166 @@
+"""One `harvest replay` run: load and shape the trace, replay it live or simulated, write results and plots."""
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from base.errors import HarvestError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|min|h)?\s*$")
+_UNIT_S = {None: 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration_s(text: str, flag: str) -> float:
+    match = _DURATION.match(text)
+    if not match:
+        raise HarvestError(f"{flag} {text!r} is not a duration (600s, 10m, 1h or a number of seconds)")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRunConfig:
+    """One `harvest replay` run, as its flags give it (see `harvest replay --help` for each)."""
+
+    trace: str
+    out: str
+    window: str | None = None
+    window_start: str = "0"
+    rate_scale: float = 1.0
+    max_context_tokens: int | None = None
+    max_generated_tokens: int | None = None
+    tpot_ms: float = 40.0
+    tokens_per_sample: int = 2048
+    no_plots: bool = False
+    target: str | None = None
+    admin: str = "http://127.0.0.1:30100"
+    concurrency: int = 64
+    drain_s: float = 300.0
+    simulate: bool = False
+    profile: str | None = None
+    policy: str = "all"
+    memory: str | None = None
+    kv_capacity_tokens: int | None = None
+    static_share: float = 0.6
+    max_running_requests: int = 256
+    latency_noise: float = 0.0
+    plan_margin: float = 0.0
+    seed: int = 0
+
+
+def load_replay_trace(config: ReplayRunConfig):
+    from traces.trace_loader import load_trace
+
+    trace = load_trace(config.trace)
+    if config.window is not None or config.window_start != "0":
+        duration = None if config.window is None else parse_duration_s(config.window, "--window")
+        trace = trace.window(parse_duration_s(config.window_start, "--window-start"), duration)
+    trace = trace.scale_rate(config.rate_scale)
+    if config.max_context_tokens is not None or config.max_generated_tokens is not None:
+        trace = trace.cap_lengths(config.max_context_tokens, config.max_generated_tokens)
+    return trace
+
+
+def run_replay(config: ReplayRunConfig, console) -> tuple[dict, list[Path]]:
+    """Replay, write results.json and the plots, print the comparison; returns the results and what was written."""
+    from rich.console import Console
+
+    from harvest.replay.comparison_table import print_comparison
+
+    if bool(config.target) == bool(config.simulate):
+        raise HarvestError("give exactly one of --target URL (live) and --simulate (with --profile)")
+    trace = load_replay_trace(config)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results = _simulate(config, trace, console) if config.simulate else _live(config, trace, console)
+    results["trace"].update(
+        spec=config.trace,
+        window=config.window,
+        window_start=config.window_start,
+        rate_scale=config.rate_scale,
+        max_context_tokens=config.max_context_tokens,
+        max_generated_tokens=config.max_generated_tokens,
+    )
+    results["wall_s"] = round(time.perf_counter() - started, 3)
+    path = out / "results.json"
+    path.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
+    print_comparison(results, Console(width=None if console.is_terminal else 160))
+    written = [path]
+    if not config.no_plots:
+        from harvest.replay.replay_plots import write_plots
+
+        written += write_plots(results, out)
+    return results, written
+
+
+def _simulate(config: ReplayRunConfig, trace, console) -> dict:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from harvest.replay.replay_config import POLICIES, DeviceMemory, ReplayConfig
+    from harvest.replay.replay_simulation import ReplaySimulation
+    from predictor import Profile
+    from predictor.synthetic_profile import SHIPPED_PATH
+
+    profile_path = config.profile or str(SHIPPED_PATH)
+    profile = Profile.load(profile_path)
+    preset = config.memory or ("cpu-smollm2-135m" if profile.num_sms == 1 else "h100-llama3-8b")
+    memory = DeviceMemory.from_name(preset).with_kv_capacity(config.kv_capacity_tokens)
+    console.print(f"memory preset {memory.name}: {memory.basis}")
+    replay_config = ReplayConfig(
+        tpot_slo_ms=config.tpot_ms,
+        policies=POLICIES if config.policy == "all" else (config.policy,),
+        static_infer_share=config.static_share,
+        max_running_requests=config.max_running_requests,
+        finetune_tokens_per_sample=config.tokens_per_sample,
+        latency_noise=config.latency_noise,
+        plan_margin=config.plan_margin,
+        seed=config.seed,
+    )
+    simulation = ReplaySimulation(profile, memory, replay_config, profile_path)
+    span_s = max(trace.duration_s, 1e-9)
+    with Progress(
+        TextColumn("simulating {task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("", total=simulation.num_device_runs() * span_s)
+        state = {"done": 0.0, "last": 0.0}
+
+        def on_progress(policy: str, t_s: float) -> None:
+            if t_s < state["last"]:
+                state["done"] += state["last"]
+            state["last"] = min(t_s, span_s)
+            progress.update(task, completed=state["done"] + state["last"], description=policy)
+
+        return simulation.run(trace, on_progress)
+
+
+def _live(config: ReplayRunConfig, trace, console) -> dict:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from harvest.replay.live_replay import LiveReplay
+
+    replay = LiveReplay(
+        config.target, config.admin, config.tpot_ms, config.concurrency, config.tokens_per_sample, drain_s=config.drain_s
+    )
+    with Progress(
+        TextColumn("replaying live"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("", total=trace.num_requests)
+        return replay.run(trace, lambda i: progress.advance(task))
