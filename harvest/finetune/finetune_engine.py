@@ -79,7 +79,8 @@ class FinetuneEngine:
         self._step_tokens = 0
         self.global_step = 0
         position = self._resume() if config.resume else {"epoch": 0, "update_step": 0}
-        self._log = StepLog(llamafactory.output_dir / config.log_name, is_resumed=config.resume)
+        self._log = StepLog(llamafactory.output_dir / config.log_name,
+                            resumed_step=self.global_step if config.resume else None)
         self._queue.start(position["epoch"], position["update_step"])
         self._rng_state = self._rng_state if config.resume else get_rng_state(self.device)
         self._step_boundary_rng_state = self._rng_state

@@ -6,12 +6,17 @@ from typing import Any
 
 
 class StepLog:
-    def __init__(self, path: Path, is_resumed: bool):
-        """A new job starts an empty log; a resumed one appends to its own."""
+    def __init__(self, path: Path, resumed_step: int | None = None):
+        """A new job starts an empty log; one resumed at `resumed_step` keeps its records up to that step
+        (the steps after the checkpoint are run, and logged, again)."""
         self.path = path
-        if not is_resumed:
+        kept = []
+        if resumed_step is None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("")
+        elif path.is_file():
+            kept = [line for line in path.read_text().splitlines() if line.strip()]
+            kept = [line for line in kept if json.loads(line)["step"] <= resumed_step]
+        path.write_text("".join(line + "\n" for line in kept))
         self.last: dict[str, Any] = {"loss": None, "tokens_per_s": None, "grad_norm": None, "lr": None}
         self.total_tokens = 0
         self.total_ms = 0.0
