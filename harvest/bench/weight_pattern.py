@@ -26,10 +26,12 @@ class RecordingWeightMemory:
         self.device = device
         self.events: list[list] = []
         self._ids: dict[int, int] = {}
+        self._next_id = 0
 
     def alloc_tensor(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         tensor = torch.empty(tuple(shape), dtype=dtype, device=self.device)
-        self._ids[tensor.data_ptr()] = tensor_id = len(self._ids)
+        self._ids[tensor.data_ptr()] = tensor_id = self._next_id
+        self._next_id += 1
         self.events.append([ALLOC, tensor_id, tensor.nbytes])
         return tensor
 
