@@ -35,7 +35,8 @@ class StepStats:
                 "seq": self.num_decode_steps, "end_s": round(time.time(), 6), "batch_size": step.batch_size,
                 "kv_tokens": step.kv_tokens, "latency_ms": round(step.latency_ms, 4),
                 "predicted_ms": None if step.predicted_ms is None else round(step.predicted_ms, 4),
-                "finetune_ms": round(step.finetune_ms, 4),
+                "finetune_ms": round(step.finetune_ms, 4), "idle_wait_ms": round(step.idle_wait_ms, 4),
+                "finetune_tokens": step.finetune_tokens,
             })
 
     def steps_since(self, seq: int, limit: int) -> list[dict]:
