@@ -180,6 +180,13 @@ class SplitPlanner:
         return self.margin.stats()
 
     @property
+    def shortest_step_ms(self) -> float:
+        """The profile's shortest decode step (one request, empty context, every SM): finetune units sized
+        within it make a pause take effect within one decode step."""
+        b0, c0, _ = self._full_line
+        return b0 * self._plateau + c0
+
+    @property
     def num_candidates(self) -> int:
         return sum(len(row[5]) for row in self._rows) + 1
 

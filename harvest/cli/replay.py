@@ -60,7 +60,9 @@ def add_parser(subparsers) -> None:
         default=None,
         help="latency profile JSON (default: the shipped SYNTHETIC H100 profile, not measured)",
     )
-    sim.add_argument("--policy", default="all", choices=["separate", "static", "harvest", "temporal", "all"])
+    sim.add_argument("--policy", default="all", choices=["separate", "static", "harvest", "temporal", "oracle", "all"])
+    sim.add_argument("--with-oracle", action="store_true",
+                     help="also run the oracle: per step the best candidate with the device's true latency")
     sim.add_argument(
         "--memory", default=None, help="device memory preset (h100-llama3-8b; cpu-smollm2-135m; default by profile)"
     )
@@ -141,7 +143,7 @@ def _simulate(args: argparse.Namespace, trace, console) -> dict:
     memory = DeviceMemory.from_name(preset).with_kv_capacity(args.kv_capacity_tokens)
     config = ReplayConfig(
         tpot_slo_ms=args.tpot_ms,
-        policies=POLICIES if args.policy == "all" else (args.policy,),
+        policies=(POLICIES if args.policy == "all" else (args.policy,)) + (("oracle",) if args.with_oracle else ()),
         static_infer_share=args.static_share,
         max_running_requests=args.max_running_requests,
         finetune_tokens_per_sample=args.tokens_per_sample,

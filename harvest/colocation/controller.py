@@ -56,6 +56,11 @@ class Controller:
 
     # ---- the interface the step loop uses ----
 
+    @property
+    def decision(self):
+        """The planner's decision for the current step (None without a planner)."""
+        return self._decision
+
     def decode_stream_context(self):
         return contextlib.nullcontext()
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from harvest.errors import HarvestError
 
 POLICIES = ("separate", "static", "harvest", "temporal")
+"""What `--policy all` runs; `--with-oracle` adds the oracle yardstick."""
+KNOWN_POLICIES = (*POLICIES, "oracle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +91,8 @@ class ReplayConfig:
     latency_noise: float = 0.0
     """Sigma of log-normal noise between the profile and the simulated device (0: the profile is exact)."""
     plan_margin: float = 0.0
-    """harvest and temporal plan for tpot_slo_ms * (1 - plan_margin): headroom for an inexact profile."""
+    """> 0: harvest and temporal plan for tpot_slo_ms * (1 - plan_margin), an explicit override; 0: temporal
+    plans for the target and harvest learns its margin online (predictor.plan_margin)."""
     seed: int = 0
     num_series_points: int = 600
     """Points per time series kept in results.json and plotted."""
@@ -101,9 +104,11 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.tpot_slo_ms) and self.tpot_slo_ms > 0):
             raise HarvestError(f"TPOT target must be a positive number of ms, got {self.tpot_slo_ms}")
-        unknown = [p for p in self.policies if p not in POLICIES]
+        unknown = [p for p in self.policies if p not in KNOWN_POLICIES]
         if unknown or not self.policies:
-            raise HarvestError(f"policies must be among {', '.join(POLICIES)} (or all), got {', '.join(self.policies)}")
+            raise HarvestError(
+                f"policies must be among {', '.join(KNOWN_POLICIES)} (or all), got {', '.join(self.policies)}"
+            )
         if not 0.0 < self.static_infer_share < 1.0:
             raise HarvestError(f"static decode share must be in (0, 1), got {self.static_infer_share}")
         if self.max_running_requests < 1 or self.finetune_tokens_per_sample < 1 or self.min_window_layers < 1:

@@ -24,8 +24,8 @@ from predictor import Profile
 from traces.trace import Trace
 
 SCHEMA_VERSION = 1
-DEDICATED_FINETUNE_DEVICE = {"separate": True, "harvest": True, "temporal": True, "static": False}
-NUM_DECODE_DEVICES = {"separate": 1, "harvest": 1, "temporal": 1, "static": 2}
+DEDICATED_FINETUNE_DEVICE = {"separate": True, "harvest": True, "temporal": True, "static": False, "oracle": True}
+NUM_DECODE_DEVICES = {"separate": 1, "harvest": 1, "temporal": 1, "static": 2, "oracle": 1}
 
 
 class ReplaySimulation:
@@ -70,6 +70,10 @@ class ReplaySimulation:
                     "ft_sms": int(runs[0].step_ft_sms.max(initial=0)),
                 }
             timings[name] = round(time.perf_counter() - t0, 3)
+        oracle_rate = entries.get("oracle", {}).get("finetune", {}).get("decode_device_tokens_per_s")
+        for entry in entries.values():
+            if oracle_rate and entry["status"] == "ok":
+                entry["finetune"]["decode_device_ratio_to_oracle"] = entry["finetune"]["decode_device_tokens_per_s"] / oracle_rate
         for base in ("separate", "static"):
             base_rate = entries.get(base, {}).get("finetune", {}).get("tokens_per_s")
             for entry in entries.values():
