@@ -36,12 +36,6 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-generated-tokens", type=int, default=None, help="cap each request's output")
     parser.add_argument("--out", required=True, help="output folder for results.json and the plots")
     parser.add_argument("--tpot-ms", type=float, default=40.0, help="TPOT target in ms (default 40, as HARLI)")
-    parser.add_argument(
-        "--tokens-per-sample",
-        type=int,
-        default=2048,
-        help="finetune tokens per sample, for samples/s (default 2048: HARLI's 2 x 1024)",
-    )
     parser.add_argument("--no-plots", action="store_true", help="write results.json only")
     live = parser.add_argument_group("live mode")
     live.add_argument("--target", default=None, help="URL of a running `harvest serve` (SGLang port)")
@@ -146,7 +140,6 @@ def _simulate(args: argparse.Namespace, trace, console) -> dict:
         policies=(POLICIES if args.policy == "all" else (args.policy,)) + (("oracle",) if args.with_oracle else ()),
         static_infer_share=args.static_share,
         max_running_requests=args.max_running_requests,
-        finetune_tokens_per_sample=args.tokens_per_sample,
         latency_noise=args.latency_noise,
         plan_margin=args.plan_margin,
         seed=args.seed,
@@ -179,7 +172,7 @@ def _live(args: argparse.Namespace, trace, console) -> dict:
     from harvest.replay.live_replay import LiveReplay
 
     replay = LiveReplay(
-        args.target, args.admin, args.tpot_ms, args.concurrency, args.tokens_per_sample, drain_s=args.drain_s
+        args.target, args.admin, args.tpot_ms, args.concurrency, drain_s=args.drain_s
     )
     with Progress(
         TextColumn("replaying live"),

@@ -84,8 +84,6 @@ class ReplayConfig:
     """StaticMode's fixed share of SMs and of memory for decode (HARLI: 60 %)."""
     max_running_requests: int = 256
     """Largest decode batch the worker admits."""
-    finetune_tokens_per_sample: int = 2048
-    """Tokens in one finetune sample (HARLI: micro-batch 2 x 1024), to turn tokens/s into samples/s."""
     min_window_layers: int = 1
     """Fewest frozen layers the lent memory must hold for the finetune job to have ready work."""
     latency_noise: float = 0.0
@@ -111,8 +109,8 @@ class ReplayConfig:
             )
         if not 0.0 < self.static_infer_share < 1.0:
             raise HarvestError(f"static decode share must be in (0, 1), got {self.static_infer_share}")
-        if self.max_running_requests < 1 or self.finetune_tokens_per_sample < 1 or self.min_window_layers < 1:
-            raise HarvestError("max running requests, finetune tokens per sample and min window layers must be >= 1")
+        if self.max_running_requests < 1 or self.min_window_layers < 1:
+            raise HarvestError("max running requests and min window layers must be >= 1")
         if not (math.isfinite(self.latency_noise) and self.latency_noise >= 0):
             raise HarvestError(f"latency noise must be >= 0, got {self.latency_noise}")
         if not 0.0 <= self.plan_margin < 1.0:

@@ -61,7 +61,7 @@ class ReplaySimulation:
                 span_s,
                 self.memory.kv_bytes_per_token,
                 c.tpot_slo_ms,
-                c.finetune_tokens_per_sample,
+                self.rates.samples_per_token,
                 c.num_series_points,
             )
             if name == "static":
@@ -98,7 +98,6 @@ class ReplaySimulation:
                 "tpot_slo_ms": self.config.tpot_slo_ms,
                 "static_infer_share": self.config.static_infer_share,
                 "max_running_requests": self.config.max_running_requests,
-                "finetune_tokens_per_sample": self.config.finetune_tokens_per_sample,
                 "latency_noise": self.config.latency_noise,
                 "plan_margin": self.config.plan_margin,
                 "seed": self.config.seed,
@@ -159,6 +158,8 @@ class ReplaySimulation:
                 "the profile has one partition (no co-run model): static is not defined, and harvest "
                 "reduces to temporal sharing driven by the planner's predicted slack"
             )
+        if self.rates.samples_per_token is None:
+            notes.append("samples/s not reported: the profile recorded no measured samples/s (samples_per_s_solo)")
         if self.config.latency_noise == 0:
             notes.append("the simulated device follows the profile exactly (latency_noise 0)")
         return notes
