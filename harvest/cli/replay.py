@@ -70,7 +70,9 @@ def add_parser(subparsers) -> None:
         help="log-normal sigma between profile and simulated device (default 0: exact)",
     )
     sim.add_argument(
-        "--plan-margin", type=float, default=0.0, help="harvest/temporal plan for target * (1 - margin) (default 0)"
+        "--plan-margin", type=float, default=0.0,
+        help="override: harvest and temporal plan for target * (1 - margin) (default 0: temporal plans for the "
+        "target, harvest learns its margin online)"
     )
     sim.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)

@@ -158,9 +158,12 @@ class Controller:
     def reaction_stats(self) -> dict:
         """How soon decode gets the device back: a batch arriving during an idle-time unit waits for it."""
         longest = max((max(r) for r in self._recent_unit_ms.values()), default=None)
+        shortest_step = None if self.planner is None else self.planner.shortest_step_ms
         return {
             "longest_recent_unit_ms": None if longest is None else round(longest, 3),
             "max_idle_wait_ms": round(self.max_idle_wait_ms, 3),
+            "shortest_step_ms": None if shortest_step is None else round(shortest_step, 3),
+            "pause_within_one_step": None if longest is None or shortest_step is None else longest <= shortest_step,
         }
 
     # ---- what the two forms differ in ----
