@@ -156,7 +156,7 @@ class ReplaySimulation:
         if not self.profile.latency_model.has_colo:
             notes.append(
                 "the profile has one partition (no co-run model): static is not defined, and harvest "
-                "reduces to temporal sharing driven by the planner's predicted slack"
+                "reduces to temporal sharing: a slice after each step, sized on its measured time"
             )
         if self.rates.samples_per_token is None:
             notes.append("samples/s not reported: the profile recorded no measured samples/s (samples_per_s_solo)")
