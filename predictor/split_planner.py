@@ -15,8 +15,8 @@ A decision must cost a few arithmetic operations (HARLI: 5 us per prediction). W
 partition: its candidates in ascending order of the solo latency each allows (target / (factor * margin)),
 and the suffix minimum of the loss coefficient (R - r_f) * factor. A decision evaluates the solo line once
 per inference partition, bisects for the feasible suffix and reads its best candidate. observe() rebuilds
-the measured partition's candidate and row (every row when the device-wide margin moved, checked each
-REFRESH_EVERY steps).
+the measured partition's candidate and row every REBUILD_EVERY of its steps (every row when the device-wide
+margin moved, checked each REFRESH_EVERY steps).
 """
 
 import math
@@ -31,8 +31,10 @@ from predictor.plan_margin import PlanMargin
 from predictor.profile import Profile
 from predictor.residual_tracker import PredictionStats, ResidualTracker
 
-REFRESH_EVERY = 512
+REFRESH_EVERY = 256
 REFRESH_TOLERANCE = 0.01
+REBUILD_EVERY = 4
+PRUNE_SLACK = 1.1
 
 
 @dataclass(slots=True)
@@ -91,6 +93,7 @@ class SplitPlanner:
         self._full_relative_correction = 1.0
         self._full_margin = self.margin((self._full_sms, 0))
         self._num_observed = 0
+        self._partition_observed: dict[tuple[int, int], int] = {}
         self._refresh_rows()
 
     def _refresh_rows(self) -> None:
@@ -101,6 +104,20 @@ class SplitPlanner:
             for i, pairs in self._pairs.items()
         }
         self._rows = [self._build_row(infer_sms) for infer_sms in self._pairs]
+        self._prune_rows()
+
+    def _prune_rows(self) -> None:
+        """The rows that can beat decode alone plus a slice: a row's loss is at least its least loss
+        coefficient times its solo latency, which is at least `ratio` (its smallest coefficient ratio to the
+        whole device's line) times the whole device's; with PRUNE_SLACK for the correction moving between
+        checks. Pruning costs optimality at worst, never the target (feasibility is checked per row)."""
+        b0, c0, k0 = self._full_line
+        bound = PRUNE_SLACK * self._slice_rate * self._full_relative_correction
+        self._active_rows = []
+        for row in self._rows:
+            ratio = min(row[0] / b0, row[1] / c0, row[2] / k0 if k0 > 0 else math.inf)
+            if row[6][0][1] * ratio < bound:
+                self._active_rows.append(row)
 
     def _candidate(self, infer_sms: int, ft_sms: int, slowdown: float, rate: float) -> tuple:
         """(solo latency it allows, loss coefficient, ft_sms, prediction factor, margin, slowdown, rate)."""
@@ -108,6 +125,17 @@ class SplitPlanner:
         margin = self.margin((infer_sms, ft_sms))
         allowance = _allowance(self.tpot_slo_ms, factor * margin)
         return (allowance, (self._slice_rate - rate) * factor, ft_sms, factor, margin, slowdown, rate)
+
+    def _rebuild(self, partition: tuple[int, int]) -> None:
+        i, f = partition
+        old = self._candidates[i][f]
+        self._candidates[i][f] = self._candidate(i, f, old[5], old[6])
+        self._rows[self._row_index[i]] = self._build_row(i)
+        self._prune_rows()
+
+    def refresh(self) -> None:
+        """Bring every row up to date with the correction and margins now (observe() does it lazily)."""
+        self._refresh_rows()
 
     def _build_row(self, infer_sms: int) -> tuple:
         c = self.profile.latency_model.solo.coefficients(infer_sms)
@@ -133,9 +161,14 @@ class SplitPlanner:
             return SplitDecision(self._full_sms, 0, predicted, slack, 0.0, self._full_margin, False,
                                  predicted > target, model_ms)
         rate = self._slice_rate
-        least_loss = rate * predicted if slack > 0.0 else rate * target  # the whole device, then a slice
+        if slack > 0.0:
+            least_loss = rate * predicted  # the whole device to decode, then a slice
+            rows = self._active_rows
+        else:
+            least_loss = rate * target  # no slice at all: any feasible pair beats it
+            rows = self._rows
         best = None
-        for b0, c0, k0, infer_sms, max_allowance, allowances, best_from in self._rows:
+        for b0, c0, k0, infer_sms, max_allowance, allowances, best_from in rows:
             solo = (b0 * padded + c0 + k0 * num_kv_tokens) * g
             if solo <= max_allowance:
                 candidate = best_from[bisect_left(allowances, solo)]
@@ -160,18 +193,21 @@ class SplitPlanner:
         self._tracker.update(partition, decision.model_ms, decision.predicted_ms, measured_ms)
         self._global_correction = self._tracker.global_correction
         self._num_observed += 1
-        if self._num_observed % REFRESH_EVERY == 0 and self._is_spatial and (
-            abs(self.margin.device() / self._device_margin - 1.0) > REFRESH_TOLERANCE
-        ):
-            self._refresh_rows()
+        if self._num_observed % REFRESH_EVERY == 0:
+            # Decode alone is never held to a margin (its slice is sized on the measured step): reported only.
+            self._full_margin = self.margin((self._full_sms, 0))
+            if self._is_spatial and abs(self.margin.device() / self._device_margin - 1.0) > REFRESH_TOLERANCE:
+                self._refresh_rows()
+            elif self._is_spatial:
+                self._prune_rows()
         elif decision.ft_sms:
-            i, f = partition
-            old = self._candidates[i][f]
-            self._candidates[i][f] = self._candidate(i, f, old[5], old[6])
-            self._rows[self._row_index[i]] = self._build_row(i)
+            # Rebuilt every REBUILD_EVERY observations of the partition: in between its row plans with a
+            # slightly older correction, and the margin, learned from those very predictions, covers that.
+            n = self._partition_observed[partition] = self._partition_observed.get(partition, 0) + 1
+            if n % REBUILD_EVERY == 1 or REBUILD_EVERY == 1:
+                self._rebuild(partition)
         if not decision.ft_sms:
             self._full_relative_correction = self._tracker.relative_correction(partition)
-            self._full_margin = self.margin(partition)
 
     def stats(self) -> PredictionStats:
         return self._tracker.stats()

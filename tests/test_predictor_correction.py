@@ -72,7 +72,7 @@ def correction(planner: SplitPlanner, partition) -> float:
 @settings(max_examples=60, deadline=None)
 @given(observations, st.integers(1, 256), st.floats(0, 4096), st.floats(5.0, 200.0), st.floats(0.0, 0.3))
 def test_decision_is_brute_force_best_of_corrected_predictions(history, batch_size, seq_len, target, margin):
-    """Pins the incremental row rebuild: after any observations, plan() equals enumeration of every
+    """Pins the row build: after any observations (and a refresh), plan() equals enumeration of every
     candidate's corrected prediction (correction(partition) * model prediction), a co-run one feasible
     when it stays within target * (1 - margin)."""
     model = fixed_model()
@@ -80,6 +80,7 @@ def test_decision_is_brute_force_best_of_corrected_predictions(history, batch_si
     for b, s, bias in history:
         d = planner.plan(b, s, has_ready_work=True)
         planner.observe(d, d.model_ms * bias)
+    planner.refresh()  # observe() rebuilds rows lazily
     decision = planner.plan(batch_size, seq_len, has_ready_work=True)
     full = correction(planner, (132, 0)) * model.predict_solo_ms(132, batch_size, seq_len)
     values = {(132, 0): max(0.0, target - full)}
