@@ -32,7 +32,7 @@ from predictor.profile import Profile
 from predictor.residual_tracker import PredictionStats, ResidualTracker
 
 REFRESH_EVERY = 256
-REFRESH_TOLERANCE = 0.01
+REFRESH_TOLERANCE = 0.05
 REBUILD_EVERY = 4
 PRUNE_SLACK = 1.1
 
@@ -111,13 +111,8 @@ class SplitPlanner:
         coefficient times its solo latency, which is at least `ratio` (its smallest coefficient ratio to the
         whole device's line) times the whole device's; with PRUNE_SLACK for the correction moving between
         checks. Pruning costs optimality at worst, never the target (feasibility is checked per row)."""
-        b0, c0, k0 = self._full_line
         bound = PRUNE_SLACK * self._slice_rate * self._full_relative_correction
-        self._active_rows = []
-        for row in self._rows:
-            ratio = min(row[0] / b0, row[1] / c0, row[2] / k0 if k0 > 0 else math.inf)
-            if row[6][0][1] * ratio < bound:
-                self._active_rows.append(row)
+        self._active_rows = [row for row in self._rows if row[6][0][1] * row[7] < bound]
 
     def _candidate(self, infer_sms: int, ft_sms: int, slowdown: float, rate: float) -> tuple:
         """(solo latency it allows, loss coefficient, ft_sms, prediction factor, margin, slowdown, rate)."""
@@ -144,7 +139,9 @@ class SplitPlanner:
         for k in range(len(best) - 2, -1, -1):
             if best[k + 1][1] <= best[k][1]:
                 best[k] = best[k + 1]
-        return (c.b0_ms, c.c0_ms, c.k0_ms, infer_sms, candidates[-1][0], [a for a, *_ in candidates], best)
+        b0, c0, k0 = self._full_line
+        ratio = min(c.b0_ms / b0, c.c0_ms / c0, c.k0_ms / k0 if k0 > 0 else math.inf)
+        return (c.b0_ms, c.c0_ms, c.k0_ms, infer_sms, candidates[-1][0], [a for a, *_ in candidates], best, ratio)
 
     def plan(self, batch_size: int, seq_len: float, has_ready_work: bool) -> SplitDecision:
         if batch_size < 1 or seq_len < 0:
@@ -168,7 +165,7 @@ class SplitPlanner:
             least_loss = rate * target  # no slice at all: any feasible pair beats it
             rows = self._rows
         best = None
-        for b0, c0, k0, infer_sms, max_allowance, allowances, best_from in rows:
+        for b0, c0, k0, infer_sms, max_allowance, allowances, best_from, _ in rows:
             solo = (b0 * padded + c0 + k0 * num_kv_tokens) * g
             if solo <= max_allowance:
                 candidate = best_from[bisect_left(allowances, solo)]
