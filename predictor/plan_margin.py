@@ -21,7 +21,7 @@ PRIOR = 1.5
 
 
 class _Spread:
-    __slots__ = ("_window", "_sum", "_sum_sq")
+    __slots__ = ("_sum", "_sum_sq", "_window")
 
     def __init__(self) -> None:
         self._window: deque[float] = deque(maxlen=WINDOW)

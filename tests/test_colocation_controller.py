@@ -4,12 +4,16 @@ fits the measured slack, the idle-unit wait is charged to the batch that waited,
 import pytest
 
 from harvest.colocation.controller import Controller
+from harvest.colocation.finetune_job import FinetuneSpec
 from harvest.colocation.slo_tracker import SloTracker
 from harvest.colocation.temporal_controller import TemporalController
 from harvest.config import AdminConfig, ServeConfig
-from harvest.colocation.finetune_job import FinetuneSpec
 from harvest.decode_step import DecodeStep
-from harvest.replay.simulated_job import SimClock, SimulatedJob, SimulatedSpatialController
+from harvest.replay.simulated_job import (
+    SimClock,
+    SimulatedJob,
+    SimulatedSpatialController,
+)
 from harvest.replay.synthetic_profile import SHIPPED_PATH
 from harvest.runtime import _build_controller
 from predictor import Profile, SplitPlanner

@@ -27,7 +27,11 @@ from harvest.decode_step import DecodeStep
 from harvest.errors import HarvestError
 from harvest.replay.finetune_rates import FinetuneRates
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
-from harvest.replay.simulated_job import SimClock, SimulatedJob, SimulatedSpatialController
+from harvest.replay.simulated_job import (
+    SimClock,
+    SimulatedJob,
+    SimulatedSpatialController,
+)
 from predictor import Profile, SplitPlanner
 
 
@@ -182,7 +186,7 @@ class OraclePolicy(ColocationPolicy):
 
     def __init__(self, profile, memory, rates, config):
         super().__init__(profile, memory, rates, config)
-        solo, grid = self.model.solo, profile.grid
+        solo = self.model.solo
         self.unit_ms = min(rates.unit_ms, SplitPlanner(profile, config.tpot_slo_ms).shortest_step_ms)
         self.unit_tokens = rates.whole_device_tokens_per_s * self.unit_ms / 1e3
         pairs = [(i, 0) for i in solo.infer_options if i == self.full_sms]
