@@ -91,12 +91,20 @@ def run(args: argparse.Namespace) -> dict:
         "plan_and_observe_limit_us": HARLI_DECISION_US,
         "plan_and_observe_us_mean": min(repeat_pair_us),
         "plan_and_observe_us_mean_all_repeats": statistics.fmean(repeat_pair_us),
-        "profile": args.profile or "SYNTHETIC: fitted here to predictor.SyntheticDevice (no device measured)",
+        "profile": _describe(args.profile, profile),
         "finetune_rates": planner.rate_source,
         "fit_s": fit_s,
         "host_num_cpus": os.cpu_count(),
         "host_load_avg_1m": os.getloadavg()[0],
     }
+
+
+def _describe(path: str | None, profile: Profile) -> str:
+    if path is None:
+        return "SYNTHETIC: fitted here to predictor.SyntheticDevice (no device measured)"
+    if "synthetic" in profile.device_name.lower():
+        return f"SYNTHETIC: {path} ({profile.device_name})"
+    return f"{path} ({profile.device_name})"
 
 
 def synthetic_profile(max_batch_size: int, max_seq_len: int, seed: int) -> Profile:
