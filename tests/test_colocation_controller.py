@@ -93,3 +93,12 @@ def test_with_a_profile_units_are_sized_to_its_shortest_step():
     assert controller.job.spec.max_unit_ms == pytest.approx(SplitPlanner(profile, TARGET_MS).shortest_step_ms)
     unprofiled = _build_controller(config, None, False, None)
     assert unprofiled.job.spec.max_unit_ms == TARGET_MS / 4
+
+
+def test_before_any_unit_is_timed_the_slice_admits_units_where_twice_their_bound_fits():
+    """A worker that never idles still trains: units are cut to the job's bound (max_unit_ms), so an untimed
+    kind is estimated at twice it until two are timed, then at the quantile of their times."""
+    controller, clock = temporal()
+    step = run_step(controller, clock, 10.0)  # no idle turn before: nothing timed yet
+    assert step.finetune_ms == pytest.approx(UNIT_MS * ((TARGET_MS - 10.0) // UNIT_MS))
+    assert controller._next_unit_estimate_ms() == pytest.approx(UNIT_MS)

@@ -202,14 +202,16 @@ class Controller:
         return result
 
     def _next_unit_estimate_ms(self) -> float:
-        """A high quantile of the next unit's kind's recent times, at least the longest of them; a kind
-        timed fewer than 2 times is admitted in idle loops only (they time the first ones)."""
+        """A high quantile of the next unit's kind's recent times, at least the longest of them. A kind timed
+        fewer than 2 times is estimated at twice the job's unit bound (its first units are cut to the bound
+        before any is timed, so they may overrun it), or admitted in idle loops only if it has none."""
         kind = self.job.next_unit_kind()
         estimate = self._unit_estimates.get(kind)
         if estimate is None:
             recent = self._recent_unit_ms.get(kind)
             if not recent or len(recent) < 2:
-                return float("inf")
+                bound = self.job.max_unit_ms
+                return float("inf") if bound is None else 2.0 * bound
             logs = [math.log(ms) for ms in recent]
             mean = sum(logs) / len(logs)
             std = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))

@@ -129,6 +129,11 @@ class FinetuneJob:
         if not self._is_ready:
             self._phase = FinetuneState.WAITING
 
+    @property
+    def max_unit_ms(self) -> float | None:
+        """What units are sized to stay under (the spec's bound; None: not split on time)."""
+        return self.spec.max_unit_ms
+
     def next_unit_kind(self) -> str:
         return self.engine.next_unit_kind()
 

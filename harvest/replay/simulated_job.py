@@ -55,6 +55,10 @@ class SimulatedJob:
     def has_ready_work(self) -> bool:
         return self.is_ready
 
+    @property
+    def max_unit_ms(self) -> float:
+        return self._unit.duration_ms
+
     def next_unit_kind(self) -> str:
         return self._unit.kind
 
