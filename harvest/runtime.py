@@ -6,6 +6,7 @@ reduced to a `DecodeStep`, so nothing here depends on SGLang.
 """
 
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -89,23 +90,14 @@ class HarvestRuntime:
             return None
         step.latency_ms = (time.perf_counter() - step.start_s) * 1e3
         if self.controller is not None:
-            tokens_before = self.job.stats()["tokens"]
             self.controller.after_step(step, kv_demand_slots)
-            self._count_finetune(tokens_before, step)
         self.stats.record(step)
         self.metrics.record_step(step)
         return step
 
     def on_idle(self, kv_demand_slots: int = 0) -> None:
         if self.controller is not None:
-            tokens_before = self.job.stats()["tokens"]
-            self.controller.on_idle(kv_demand_slots)
-            self._count_finetune(tokens_before, None)
-
-    def _count_finetune(self, tokens_before: int, step: DecodeStep | None) -> None:
-        self.metrics.finetune_tokens.inc(self.job.stats()["tokens"] - tokens_before)
-        if step is not None and step.latency_ms + step.finetune_ms > self.config.tpot_slo_ms:
-            self.metrics.slo_violations.inc()
+            self.metrics.finetune_tokens.inc(self.controller.on_idle(kv_demand_slots))
 
     # ---- admin thread ----
 
@@ -159,14 +151,23 @@ def _is_spatial(config: ServeConfig, profile) -> bool:
 def _build_controller(config: ServeConfig, profile, is_spatial: bool, lender):
     """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
     measured time, so no prediction can be wrong (stats say so)."""
-    from harvest.colocation import FinetuneJob, StepController
+    from harvest.colocation import FinetuneJob, TemporalController
     from harvest.colocation.slo_tracker import SloTracker
 
-    job = FinetuneJob(config.finetune, weight_memory=None if lender is None else lender.weight_memory)
+    spec = config.finetune
+    if spec.max_unit_ms is None:
+        # With a profile, a unit no longer than the shortest decode step: a pause (or a batch arriving while
+        # the device is idle and finetuning) takes effect within one step.
+        from predictor import SplitPlanner
+
+        max_unit_ms = (config.tpot_slo_ms / 4 if profile is None
+                       else SplitPlanner(profile, config.tpot_slo_ms).shortest_step_ms)
+        spec = dataclasses.replace(spec, max_unit_ms=max_unit_ms)
+    job = FinetuneJob(spec, weight_memory=None if lender is None else lender.weight_memory)
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
     if profile is None:
-        return StepController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
-                              "minus its measured time", lender)
+        return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
+                                  "minus its measured time", lender)
     from predictor import SplitPlanner
 
     planner = SplitPlanner(profile, config.tpot_slo_ms)
@@ -177,4 +178,4 @@ def _build_controller(config: ServeConfig, profile, is_spatial: bool, lender):
 
         partitions = GreenPartitions(0, list(profile.partitions))
         return SpatialController(job, planner, slo, partitions, source)
-    return StepController(job, planner, slo, source, lender)
+    return TemporalController(job, planner, slo, source, lender)

@@ -26,7 +26,13 @@ class DecodeStep:
     predicted_ms: float | None = None
     """What the planner predicted for the step (None without a planner)."""
     finetune_ms: float = 0.0
-    """Finetune units run after the step, before the next one: charged to this step's TPOT."""
+    """The temporal slice: finetune units run after the step, before the next one; charged to its TPOT."""
+    idle_wait_ms: float = 0.0
+    """An idle-time finetune unit running when the batch arrived (at most its whole time); charged too."""
+    finetune_tokens: int = 0
+    """Finetune tokens trained beside the step and in its slice."""
+    is_slo_met: bool | None = None
+    """latency + finetune_ms + idle_wait_ms within the TPOT target (None: no SLO tracked, no finetune job)."""
 
     @property
     def mean_seq_len(self) -> float:
@@ -53,7 +59,8 @@ class StepStats:
                 "seq": self.num_decode_steps, "end_s": round(time.time(), 6), "batch_size": step.batch_size,
                 "kv_tokens": step.kv_tokens, "latency_ms": round(step.latency_ms, 4),
                 "predicted_ms": None if step.predicted_ms is None else round(step.predicted_ms, 4),
-                "finetune_ms": round(step.finetune_ms, 4),
+                "finetune_ms": round(step.finetune_ms, 4), "idle_wait_ms": round(step.idle_wait_ms, 4),
+                "finetune_tokens": step.finetune_tokens,
             })
 
     def steps_since(self, seq: int, limit: int) -> list[dict]:

@@ -1,35 +1,57 @@
-"""Per-step SM split (HARLI sec. 5.2.3 and 6.2): the co-run partition whose predicted decode latency is
-closest to the TPOT target without exceeding it.
+"""Per-step device split (HARLI sec. 5.2.3 and 6.2, objective beyond HARLI): the choice that trains the most
+finetune tokens in the step's TPOT budget while its predicted decode latency, times the learned margin,
+stays within the target.
 
-A decision must cost a few arithmetic operations (HARLI: 5 us per prediction). Stage 2 is a factor per
-partition, so everything but the stage-1 line is precomputed: per inference partition, the co-run
-factors (slowdown times the partition's own correction) in descending order and the solo latency each
-one allows, target / factor, ascending. A decision evaluates the solo line once per inference partition,
-scaled by the device-wide correction, and bisects for the largest factor whose allowance covers it (no
-division: measured 30% faster than dividing). observe() rebuilds only the measured partition's row.
+Candidates: every co-run partition (infer_sms, ft_sms) the device forms, and the whole device to decode
+(ft_sms = 0). Each is followed by a temporal slice: once the step's tokens are out, the whole device
+finetunes for what is left of the budget (the controller sizes it on the *measured* step time). Over a
+budget of W ms, a candidate whose decode takes d ms trains r_f * d + R * (W - d) tokens (r_f: the profile's
+co-run finetune tokens/s on ft_sms; R: its solo tokens/s on the whole device; r_0 = 0), so the best
+candidate is the feasible one that loses least against a pure slice, (R - r_f) * d. Without measured
+finetune throughput in the profile, r_f and R fall back to SM shares (a proxy, stated in `rate_source`).
+
+A decision must cost a few arithmetic operations (HARLI: 5 us per prediction). With d = solo_i * factor
+(stage 2 is a factor per partition), everything but the stage-1 line is precomputed per inference
+partition: its candidates in ascending order of the solo latency each allows (target / (factor * margin)),
+and the suffix minimum of the loss coefficient (R - r_f) * factor. A decision evaluates the solo line once
+per inference partition, bisects for the feasible suffix and reads its best candidate. observe() rebuilds
+the measured partition's candidate and row every REBUILD_EVERY of its steps (every row when the device-wide
+margin moved, checked each REFRESH_EVERY steps).
 """
 
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
+import numpy as np
+
 from base.errors import HarvestError
 from predictor.config import DEFAULT_CONFIG, PredictorConfig
+from predictor.plan_margin import PlanMargin
 from predictor.profile import Profile
 from predictor.residual_tracker import PredictionStats, ResidualTracker
+
+REFRESH_EVERY = 256
+REFRESH_TOLERANCE = 0.05
+REBUILD_EVERY = 4
+PRUNE_SLACK = 1.1
 
 
 @dataclass(slots=True)
 class SplitDecision:
     infer_sms: int
     ft_sms: int
-    """0 when the finetune job gets no SMs this step (paused, idle, or temporal sharing on a CPU)."""
+    """SMs the finetune job co-runs on during the step; 0: none (a temporal slice may still follow)."""
     predicted_ms: float
-    """Predicted decode latency with the online correction applied."""
+    """Predicted decode latency with the online correction applied (the margin is not in it)."""
     slack_ms: float
-    """TPOT target minus predicted_ms; on a CPU the runtime fills it with finetune units."""
+    """TPOT target minus predicted_ms: what a temporal slice after the step is predicted to get."""
+    finetune_tokens_per_s: float
+    """The objective: predicted finetune tokens over the step's budget (co-run plus slice), per second."""
+    margin: float
+    """The factor predicted_ms had to stay within the target by."""
     is_finetune_paused: bool
-    """The finetune job has ready work but no partition (or, on a CPU, no slack) leaves room for it."""
+    """The finetune job has ready work but no candidate leaves room for it."""
     is_slo_unreachable: bool
     """Even decode alone on every SM is predicted to miss the target."""
     model_ms: float
@@ -37,38 +59,89 @@ class SplitDecision:
 
 
 class SplitPlanner:
-    def __init__(self, profile: Profile, tpot_slo_ms: float, config: PredictorConfig = DEFAULT_CONFIG) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        tpot_slo_ms: float,
+        config: PredictorConfig = DEFAULT_CONFIG,
+        plan_margin: float | None = None,
+    ) -> None:
+        """`plan_margin`: plan for tpot_slo_ms * (1 - plan_margin) instead of learning the margin."""
         if not (math.isfinite(tpot_slo_ms) and tpot_slo_ms > 0):
             raise HarvestError(f"TPOT SLO must be a positive number of ms, got {tpot_slo_ms}")
+        if plan_margin is not None and not 0.0 <= plan_margin < 1.0:
+            raise HarvestError(f"plan margin must be in [0, 1), got {plan_margin}")
         self.profile = profile
         self.tpot_slo_ms = float(tpot_slo_ms)
         model = profile.latency_model
         self._plateau = model.solo.plateau_batch_size
         self._tracker = ResidualTracker(config.ewma_alpha)
+        self.margin = PlanMargin(plan_margin)
         self._full_sms = max(model.solo.infer_options)
         full = model.solo.coefficients(self._full_sms)
         self._full_line = (full.b0_ms, full.c0_ms, full.k0_ms)
-        # infer_sms -> [(ft_sms, slowdown)]: the static part of every co-run prediction.
-        self._slowdowns: dict[int, list[tuple[int, float]]] = {}
+        self.rate_source, co_run_rate, self._slice_rate = _finetune_rates(profile)
+        # infer_sms -> [(ft_sms, slowdown, co-run tokens/s)]: the static part of every candidate.
+        self._pairs: dict[int, list[tuple[int, float, float]]] = {}
         for infer_sms, ft_sms in model.partitions():
             if ft_sms:
-                self._slowdowns.setdefault(infer_sms, []).append((ft_sms, model.slowdown(infer_sms, ft_sms)))
-        self._is_spatial = bool(self._slowdowns)
-        self._row_index = {infer_sms: n for n, infer_sms in enumerate(self._slowdowns)}
-        self._rows = [self._build_row(infer_sms) for infer_sms in self._slowdowns]
+                entry = (ft_sms, model.slowdown(infer_sms, ft_sms), co_run_rate(ft_sms))
+                self._pairs.setdefault(infer_sms, []).append(entry)
+        self._is_spatial = bool(self._pairs)
+        self._row_index = {infer_sms: n for n, infer_sms in enumerate(self._pairs)}
         self._global_correction = 1.0
         self._full_relative_correction = 1.0
+        self._full_margin = self.margin((self._full_sms, 0))
+        self._num_observed = 0
+        self._partition_observed: dict[tuple[int, int], int] = {}
+        self._refresh_rows()
+
+    def _refresh_rows(self) -> None:
+        """Recompute every candidate: the device-wide margin, which unmeasured partitions use, moved."""
+        self._device_margin = self.margin.device()
+        self._candidates = {
+            i: {f: self._candidate(i, f, slowdown, rate) for f, slowdown, rate in pairs}
+            for i, pairs in self._pairs.items()
+        }
+        self._rows = [self._build_row(infer_sms) for infer_sms in self._pairs]
+        self._prune_rows()
+
+    def _prune_rows(self) -> None:
+        """The rows that can beat decode alone plus a slice: a row's loss is at least its least loss
+        coefficient times its solo latency, which is at least `ratio` (its smallest coefficient ratio to the
+        whole device's line) times the whole device's; with PRUNE_SLACK for the correction moving between
+        checks. Pruning costs optimality at worst, never the target (feasibility is checked per row)."""
+        bound = PRUNE_SLACK * self._slice_rate * self._full_relative_correction
+        self._active_rows = [row for row in self._rows if row[6][0][1] * row[7] < bound]
+
+    def _candidate(self, infer_sms: int, ft_sms: int, slowdown: float, rate: float) -> tuple:
+        """(solo latency it allows, loss coefficient, ft_sms, prediction factor, margin, slowdown, rate)."""
+        factor = slowdown * self._tracker.relative_correction((infer_sms, ft_sms))
+        margin = self.margin((infer_sms, ft_sms))
+        allowance = _allowance(self.tpot_slo_ms, factor * margin)
+        return (allowance, (self._slice_rate - rate) * factor, ft_sms, factor, margin, slowdown, rate)
+
+    def _rebuild(self, partition: tuple[int, int]) -> None:
+        i, f = partition
+        old = self._candidates[i][f]
+        self._candidates[i][f] = self._candidate(i, f, old[5], old[6])
+        self._rows[self._row_index[i]] = self._build_row(i)
+        self._prune_rows()
+
+    def refresh(self) -> None:
+        """Bring every row up to date with the correction and margins now (observe() does it lazily)."""
+        self._refresh_rows()
 
     def _build_row(self, infer_sms: int) -> tuple:
-        relative = self._tracker.relative_correction
         c = self.profile.latency_model.solo.coefficients(infer_sms)
-        # (factor, ft_sms, relative correction), largest factor first; factor = slowdown * relative correction
-        corrected = sorted(
-            ((s * relative((infer_sms, f)), f, relative((infer_sms, f))) for f, s in self._slowdowns[infer_sms]),
-            reverse=True,
-        )
-        allowances = [_allowance(self.tpot_slo_ms, factor) for factor, _, _ in corrected]
-        return (c.b0_ms, c.c0_ms, c.k0_ms, infer_sms, allowances[-1], allowances, corrected)
+        candidates = sorted(self._candidates[infer_sms].values())
+        best = candidates[:]  # best[k]: the least-loss candidate among candidates[k:]
+        for k in range(len(best) - 2, -1, -1):
+            if best[k + 1][1] <= best[k][1]:
+                best[k] = best[k + 1]
+        b0, c0, k0 = self._full_line
+        ratio = min(c.b0_ms / b0, c.c0_ms / c0, c.k0_ms / k0 if k0 > 0 else math.inf)
+        return (c.b0_ms, c.c0_ms, c.k0_ms, infer_sms, candidates[-1][0], [a for a, *_ in candidates], best, ratio)
 
     def plan(self, batch_size: int, seq_len: float, has_ready_work: bool) -> SplitDecision:
         if batch_size < 1 or seq_len < 0:
@@ -77,46 +150,94 @@ class SplitPlanner:
         num_kv_tokens = batch_size * seq_len
         target = self.tpot_slo_ms
         g = self._global_correction
-        if has_ready_work and self._is_spatial:
-            best = 0.0
-            for b0, c0, k0, infer_sms, max_allowance, allowances, corrected in self._rows:
-                solo = (b0 * padded + c0 + k0 * num_kv_tokens) * g
-                if solo <= max_allowance:
-                    factor, ft_sms, relative = corrected[bisect_left(allowances, solo)]
-                    if factor * solo > best:
-                        best = factor * solo
-                        best_infer, best_ft, best_correction = infer_sms, ft_sms, relative * g
-            if best > 0.0:
-                return SplitDecision(best_infer, best_ft, best, target - best, False, False, best / best_correction)
         b0, c0, k0 = self._full_line
         model_ms = b0 * padded + c0 + k0 * num_kv_tokens
         predicted = model_ms * g * self._full_relative_correction
         slack = target - predicted
-        is_paused = has_ready_work and (self._is_spatial or slack <= 0.0)
-        return SplitDecision(self._full_sms, 0, predicted, slack, is_paused, predicted > target, model_ms)
+        if not has_ready_work:
+            return SplitDecision(self._full_sms, 0, predicted, slack, 0.0, self._full_margin, False,
+                                 predicted > target, model_ms)
+        rate = self._slice_rate
+        if slack > 0.0:
+            least_loss = rate * predicted  # the whole device to decode, then a slice
+            rows = self._active_rows
+        else:
+            least_loss = rate * target  # no slice at all: any feasible pair beats it
+            rows = self._rows
+        best = None
+        for b0, c0, k0, infer_sms, max_allowance, allowances, best_from, _ in rows:
+            solo = (b0 * padded + c0 + k0 * num_kv_tokens) * g
+            if solo <= max_allowance:
+                candidate = best_from[bisect_left(allowances, solo)]
+                if candidate[1] * solo < least_loss:
+                    least_loss = candidate[1] * solo
+                    best, best_solo, best_infer = candidate, solo, infer_sms
+        tokens_per_s = rate - least_loss / target
+        if best is None:
+            return SplitDecision(self._full_sms, 0, predicted, slack, tokens_per_s, self._full_margin,
+                                 slack <= 0.0, predicted > target, model_ms)
+        _, _, ft_sms, factor, margin, slowdown, _ = best
+        predicted = factor * best_solo
+        return SplitDecision(best_infer, ft_sms, predicted, target - predicted, tokens_per_s, margin, False, False,
+                             slowdown * best_solo / g)
 
     def observe(self, decision: SplitDecision, measured_ms: float) -> None:
-        """Feed the measured latency of the step `decision` planned into the online correction."""
+        """Feed the measured latency of the step `decision` planned into the correction and the margin."""
         if not (math.isfinite(measured_ms) and measured_ms > 0):
             raise HarvestError(f"measured decode latency must be a positive number of ms, got {measured_ms}")
-        self._tracker.update(
-            (decision.infer_sms, decision.ft_sms), decision.model_ms, decision.predicted_ms, measured_ms
-        )
+        partition = (decision.infer_sms, decision.ft_sms)
+        self.margin.observe(partition, decision.predicted_ms, measured_ms)
+        self._tracker.update(partition, decision.model_ms, decision.predicted_ms, measured_ms)
         self._global_correction = self._tracker.global_correction
-        if decision.ft_sms:
-            self._rows[self._row_index[decision.infer_sms]] = self._build_row(decision.infer_sms)
-        else:
-            self._full_relative_correction = self._tracker.relative_correction((self._full_sms, 0))
-
-    def correction(self, infer_sms: int, ft_sms: int) -> float:
-        return self._tracker.correction((infer_sms, ft_sms))
+        self._num_observed += 1
+        if self._num_observed % REFRESH_EVERY == 0:
+            # Decode alone is never held to a margin (its slice is sized on the measured step): reported only.
+            self._full_margin = self.margin((self._full_sms, 0))
+            if self._is_spatial and abs(self.margin.device() / self._device_margin - 1.0) > REFRESH_TOLERANCE:
+                self._refresh_rows()
+            elif self._is_spatial:
+                self._prune_rows()
+        elif decision.ft_sms:
+            # Rebuilt every REBUILD_EVERY observations of the partition: in between its row plans with a
+            # slightly older correction, and the margin, learned from those very predictions, covers that.
+            n = self._partition_observed[partition] = self._partition_observed.get(partition, 0) + 1
+            if n % REBUILD_EVERY == 1 or REBUILD_EVERY == 1:
+                self._rebuild(partition)
+        if not decision.ft_sms:
+            self._full_relative_correction = self._tracker.relative_correction(partition)
 
     def stats(self) -> PredictionStats:
         return self._tracker.stats()
 
+    def margin_stats(self) -> dict:
+        return self.margin.stats()
+
+    @property
+    def shortest_step_ms(self) -> float:
+        """The profile's shortest decode step (one request, empty context, every SM): finetune units sized
+        within it make a pause take effect within one decode step."""
+        b0, c0, _ = self._full_line
+        return b0 * self._plateau + c0
+
     @property
     def num_candidates(self) -> int:
         return sum(len(row[5]) for row in self._rows) + 1
+
+
+def _finetune_rates(profile: Profile):
+    """(source, co-run tokens/s at ft_sms, whole-device solo tokens/s) from the profile's measured
+    finetune throughput; SM shares when it measured none (a proxy that ignores interference)."""
+    measured = sorted((t for t in profile.finetune_throughput if t.tokens_per_s_colo is not None),
+                      key=lambda t: t.ft_sms)
+    whole = [t for t in profile.finetune_throughput if t.ft_sms == profile.num_sms]
+    if measured and whole:
+        sms = [0, *(t.ft_sms for t in measured)]
+        rates = [0.0, *(t.tokens_per_s_colo for t in measured)]
+        return ("profile: measured co-run finetune tokens/s per partition",
+                lambda ft_sms: float(np.interp(ft_sms, sms, rates)), whole[0].tokens_per_s_solo)
+    n = profile.num_sms
+    return ("PROXY (the profile measured no co-run finetune throughput): finetune SM share",
+            lambda ft_sms: ft_sms / n, 1.0)
 
 
 def _allowance(target_ms: float, factor: float) -> float:

@@ -39,11 +39,13 @@ def test_failure_mid_run_is_contained(tmp_path):
     assert job.state.value == "running", job.error
     results = [job.run_unit() for _ in range(6)]
     assert all(r is not None for r in results)
-    assert job.can_run_unit()
+    job.poll()
+    assert job.has_ready_work()
     assert job.run_unit() is None
     assert job.state.value == "failed" and "injected finetune fault" in job.error
     assert job.engine is None  # its memory is released
-    assert not job.can_run_unit()
+    job.poll()
+    assert not job.has_ready_work()
     with pytest.raises(HarvestError, match="failed"):
         job.resume()
     assert job.request_stop(timeout_s=1)
@@ -52,9 +54,10 @@ def test_failure_mid_run_is_contained(tmp_path):
 def test_pause_blocks_units_and_stop_checkpoints(tmp_path):
     job = build_job(tmp_path)
     job.pause()
-    assert job.state.value == "paused" and not job.can_run_unit()
+    job.poll()
+    assert job.state.value == "paused" and not job.has_ready_work()
     job.resume()
-    assert job.can_run_unit()
+    assert job.has_ready_work()
     while job.stats().get("step", 0) < 1:
         assert job.run_unit() is not None
     assert job.stats()["loss"] is not None
@@ -66,7 +69,8 @@ def test_pause_blocks_units_and_stop_checkpoints(tmp_path):
     stopper.start()
     deadline = time.monotonic() + 30
     while stopper.is_alive() and time.monotonic() < deadline:
-        job.can_run_unit()  # the scheduler thread notices the request between units
+        assert job.has_ready_work() or job.state.value == "stopped"  # the query changes nothing ...
+        job.poll()  # ... the scheduler thread's explicit turn between units acts on the request
         time.sleep(0.01)
     stopper.join()
     assert done == [True] and job.state.value == "stopped"

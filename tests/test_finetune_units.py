@@ -2,12 +2,14 @@
 
 import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 
 import pytest
 import torch
+import yaml
 from conftest import lora_state_dict
 
 from harvest.finetune import FinetuneConfig, FinetuneEngine
@@ -83,7 +85,7 @@ def test_the_colocation_job_closes_a_finished_engine_once(job_path, monkeypatch)
     job.start()
     assert job.wait_built(timeout_s=120) and job.state.value == "running", job.error
     output_dir = job.engine.llamafactory.output_dir
-    while job.can_run_unit():
+    while job.has_ready_work():
         job.run_unit()
     assert job.state.value == "finished", job.error
     assert closed_at_steps == [3]
@@ -93,3 +95,6 @@ def test_the_colocation_job_closes_a_finished_engine_once(job_path, monkeypatch)
     # per unit (it was ~2 x num_layers + 2 times too high).
     log = [json.loads(line) for line in (output_dir / "finetune_log.jsonl").read_text().splitlines()]
     assert job.stats()["tokens"] == sum(record["num_tokens"] for record in log) > 0
+    # Samples: the optimizer steps it made times the samples one step trains (rows x accumulation).
+    args = yaml.safe_load(Path(job_path).read_text())
+    assert job.stats()["samples"] == 3 * args["per_device_train_batch_size"] * args.get("gradient_accumulation_steps", 1)

@@ -64,7 +64,7 @@ def test_bench_prints_decision_timing(capsys):
     )
     result = json.loads(capsys.readouterr().out)
     assert result["num_candidates"] == 121
-    assert result["decision_us_mean"] > 0 and result["decision_us_p99"] > 0
+    assert 0 < result["decision_us_mean"] <= result["plan_and_observe_us_mean"] and result["decision_us_p99"] > 0
     assert 0 < result["fraction_co_run"] < 1
     assert result["profile_is_synthetic"] is True and "synthetic" in result["profile_device"]
 

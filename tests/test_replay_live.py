@@ -89,6 +89,7 @@ class StandInWorker:
         self.stuck_room = stuck_room
         self.steps: list[dict] = []
         self.finetune_tokens = 1000
+        self.finetune_samples = 30
 
     async def __call__(self, request):
         import asyncio
@@ -113,13 +114,14 @@ class StandInWorker:
                     }
                 )
             self.finetune_tokens += 64
+            self.finetune_samples += 2
             return httpx.Response(200, json={"output_ids": [7] * n, "meta_info": {"completion_tokens": n}})
         if request.url.path == "/harvest/stats":
             return httpx.Response(
                 200,
                 json={
                     "decode": {"decode_steps": len(self.steps)},
-                    "finetune": {"tokens": self.finetune_tokens, "step": 0},
+                    "finetune": {"tokens": self.finetune_tokens, "samples": self.finetune_samples, "step": 0},
                 },
             )
         if request.url.path == "/harvest/steps":
@@ -145,7 +147,6 @@ def test_live_replay_logic_against_a_stand_in_worker():
         "http://a",
         40.0,
         max_concurrency=4,
-        finetune_tokens_per_sample=64,
         drain_s=1.0,
         transport=httpx.MockTransport(worker),
     )
@@ -157,5 +158,6 @@ def test_live_replay_logic_against_a_stand_in_worker():
     assert decode["step_slo_attainment"] == 1.0 and decode["step_latency_ms_p99"] == 5.0
     finetune = results["policies"]["live"]["finetune"]
     assert finetune["tokens_per_s"] == pytest.approx(11 * 64 / decode["makespan_s"], rel=1e-3)
-    assert finetune["samples_per_s"] == pytest.approx(finetune["tokens_per_s"] / 64)
+    # The worker's own sample count (optimizer steps x samples per step), not tokens over a constant.
+    assert finetune["samples_per_s"] == pytest.approx(11 * 2 / decode["makespan_s"], rel=1e-3)
     assert any("unfinished" in note for note in results["notes"])

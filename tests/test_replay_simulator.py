@@ -12,7 +12,7 @@ from base.errors import HarvestError
 from harvest.replay.colocation_policies import POLICY_CLASSES
 from harvest.replay.decode_simulator import DecodeSimulator
 from harvest.replay.finetune_rates import FinetuneRates
-from harvest.replay.replay_config import POLICIES, DeviceMemory, ReplayConfig
+from harvest.replay.replay_config import KNOWN_POLICIES, POLICIES, DeviceMemory, ReplayConfig
 from harvest.replay.replay_plots import write_plots
 from harvest.replay.replay_simulation import ReplaySimulation
 from predictor import Profile
@@ -69,7 +69,7 @@ def check_conservation(run, trace):
     assert run.end_s == pytest.approx(run.finish_s.max())
 
 
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", KNOWN_POLICIES)
 def test_every_request_completes_and_tokens_are_conserved(h100_profile, name):
     trace = small_trace()
     run, _ = run_policy(h100_profile, name, trace)
@@ -88,7 +88,7 @@ requests = st.integers(1, 30).flatmap(
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests, st.sampled_from(POLICIES), st.integers(1, 8), st.integers(5500, 20000))
+@given(requests, st.sampled_from(KNOWN_POLICIES), st.integers(1, 8), st.integers(5500, 20000))
 def test_invariants_hold_on_arbitrary_traces_and_tight_pools(h100_profile, cols, name, max_running, kv_tokens):
     """Tight KV pools and batch caps force queueing; still nothing is lost and no cap is passed. The pool
     is at least 5500 tokens: static's 60 % share of it then holds the longest request (3300 tokens)."""
@@ -137,20 +137,33 @@ def test_harvest_never_exceeds_the_target_when_the_profile_is_exact(h100_profile
     trace = small_trace(seed=1, rate=rate)
     run, _ = run_policy(h100_profile, "harvest", trace, ReplayConfig(tpot_slo_ms=30.0))
     assert run.step_latency_ms.max() <= 30.0
-    assert np.mean(run.step_ft_sms > 0) > 0.5  # and it did co-run, not just decode alone
     assert run.busy_ft_tokens > 0
 
 
-def test_noise_between_profile_and_device_costs_attainment(h100_profile):
-    """With the device 5 % off the profile at random, the exact-profile guarantee no longer holds; the
-    simulator must show it rather than hide it."""
+@pytest.mark.parametrize("noise", [0.05, 0.10])
+def test_acceptance_at_reduced_scale_with_noise_harvest_keeps_the_target_and_harvests_most(h100_profile, noise):
+    """Issue 12 acceptance, reduced: 10 minutes of conv with the device `noise` off the profile at random
+    and no hand-set margin. harvest (the worker's controller and planner) keeps >= 99.9 % of steps within
+    the target and trains at least as many tokens as temporal and more than separate, and within 5 % of the
+    oracle; temporal, planning on the profile alone, misses the target on more steps than harvest."""
+    config = ReplayConfig(latency_noise=noise, policies=("separate", "harvest", "temporal", "oracle"))
+    results = ReplaySimulation(h100_profile, H100_MEMORY, config).run(load_trace("conv").window(0, 600))
+    p = results["policies"]
+    assert p["harvest"]["decode"]["step_slo_attainment"] >= 0.999
+    assert p["harvest"]["finetune"]["tokens_per_s"] >= p["temporal"]["finetune"]["tokens_per_s"]
+    assert p["harvest"]["finetune"]["tokens_per_s"] > p["separate"]["finetune"]["tokens_per_s"]
+    assert p["harvest"]["finetune"]["decode_device_ratio_to_oracle"] >= 0.95
+    assert p["temporal"]["decode"]["step_slo_attainment"] < p["harvest"]["decode"]["step_slo_attainment"]
+
+
+def test_an_explicit_plan_margin_still_overrides_the_learned_one(h100_profile):
     trace = small_trace(seed=2, rate=30.0)
-    run, _ = run_policy(h100_profile, "harvest", trace, ReplayConfig(tpot_slo_ms=30.0, latency_noise=0.05))
-    assert np.mean(run.step_latency_ms > 30.0) > 0.01
-    # Planning for 15 % below the target (3 sigma of the noise) buys the attainment back.
     config = ReplayConfig(tpot_slo_ms=30.0, latency_noise=0.05, plan_margin=0.15)
-    run, _ = run_policy(h100_profile, "harvest", trace, config)
+    policy = POLICY_CLASSES["harvest"](h100_profile, H100_MEMORY, FinetuneRates.from_profile(h100_profile), config)
+    run = DecodeSimulator(policy).run(trace)
     assert np.mean(run.step_latency_ms <= 30.0) >= 0.999 and run.busy_ft_tokens > 0
+    assert policy.planner.margin_stats()["source"].startswith("fixed")
+    assert policy.planner.margin((132, 0)) == policy.planner.margin((64, 64)) == pytest.approx(1 / 0.85)
 
 
 def test_one_partition_profile_static_is_not_applicable_and_harvest_shares_time(cpu_profile):
@@ -170,12 +183,12 @@ def test_one_partition_profile_static_is_not_applicable_and_harvest_shares_time(
 
 @pytest.fixture(scope="module")
 def conv_results(h100_profile):
-    config = ReplayConfig()
+    config = ReplayConfig(latency_noise=0.05)
     return ReplaySimulation(h100_profile, H100_MEMORY, config, str(SHIPPED_PATH)).run(load_trace("conv"))
 
 
 def test_acceptance_full_conv_trace_harvest_keeps_999_per_mille_and_reports_ratios(conv_results):
-    """Issue 7 acceptance, on the shipped SYNTHETIC profile (the results say so)."""
+    """Issue 7 acceptance, on the shipped SYNTHETIC profile (the results say so), with the device 5 % off it."""
     assert conv_results["profile"]["is_synthetic"]
     assert conv_results["trace"]["num_requests"] == load_trace("conv").num_requests
     harvest = conv_results["policies"]["harvest"]
@@ -184,8 +197,8 @@ def test_acceptance_full_conv_trace_harvest_keeps_999_per_mille_and_reports_rati
     for baseline in ("separate", "static"):
         expected = harvest["finetune"]["tokens_per_s"] / policies[baseline]["finetune"]["tokens_per_s"]
         assert harvest["finetune"][f"ratio_to_{baseline}"] == pytest.approx(expected, rel=1e-3)
-    # HARLI's claim on this profile: harvesting beside decode beats a fixed split.
-    assert harvest["finetune"]["ratio_to_static"] > 1
+    assert harvest["finetune"]["ratio_to_separate"] > 1 and harvest["finetune"]["ratio_to_static"] > 1
+    assert harvest["finetune"]["tokens_per_s"] >= policies["temporal"]["finetune"]["tokens_per_s"]
     for entry in conv_results["policies"].values():
         assert entry["decode"]["num_tokens"] == load_trace("conv").num_generated_tokens
     assert conv_results["policies"]["static"]["split"] == {"infer_sms": 80, "ft_sms": 48}
@@ -220,6 +233,7 @@ def test_cli_simulate_writes_results_with_every_field(tmp_path, harvest_cli):
             "--rate-scale",
             "2",
             "--simulate",
+            "--with-oracle",
             "--out",
             str(out),
         ],
@@ -231,8 +245,9 @@ def test_cli_simulate_writes_results_with_every_field(tmp_path, harvest_cli):
     assert proc.returncode == 0, proc.stderr
     results = json.loads((out / "results.json").read_text())
     assert results["mode"] == "simulated" and results["trace"]["rate_scale"] == 2
-    assert set(results["policies"]) == set(POLICIES)
+    assert set(results["policies"]) == {*POLICIES, "oracle"}
     for entry in results["policies"].values():
+        assert entry["finetune"]["decode_device_ratio_to_oracle"] is not None
         assert {"decode", "finetune", "series", "tpot_cdf_ms", "step_latency_cdf_ms"} <= set(entry)
         assert {"step_slo_attainment", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99"} <= set(entry["decode"])
         assert {"tokens_per_s", "samples_per_s", "ratio_to_separate"} <= set(entry["finetune"])

@@ -43,6 +43,9 @@ class HarvestMetrics:
         self.decode_tokens.inc(step.batch_size)
         self.step_latency.observe(step.latency_ms / 1e3)
         self.batch_size.set(step.batch_size)
+        self.finetune_tokens.inc(step.finetune_tokens)
+        if step.is_slo_met is False:
+            self.slo_violations.inc()
 
     def record_finetune(self, job_stats: dict, controller_stats: dict) -> None:
         for state in FINETUNE_STATES:

@@ -21,12 +21,6 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-generated-tokens", type=int, default=None, help="cap each request's output")
     parser.add_argument("--out", required=True, help="output folder for results.json and the plots")
     parser.add_argument("--tpot-ms", type=float, default=40.0, help="TPOT target in ms (default 40, as HARLI)")
-    parser.add_argument(
-        "--tokens-per-sample",
-        type=int,
-        default=2048,
-        help="finetune tokens per sample, for samples/s (default 2048: HARLI's 2 x 1024)",
-    )
     parser.add_argument("--no-plots", action="store_true", help="write results.json only")
     live = parser.add_argument_group("live mode")
     live.add_argument("--target", default=None, help="URL of a running `harvest serve` (SGLang port)")
@@ -45,7 +39,9 @@ def add_parser(subparsers) -> None:
         default=None,
         help="latency profile JSON (default: the shipped SYNTHETIC H100 profile, not measured)",
     )
-    sim.add_argument("--policy", default="all", choices=["separate", "static", "harvest", "temporal", "all"])
+    sim.add_argument("--policy", default="all", choices=["separate", "static", "harvest", "temporal", "oracle", "all"])
+    sim.add_argument("--with-oracle", action="store_true",
+                     help="also run the oracle: per step the best candidate with the device's true latency")
     sim.add_argument(
         "--memory", default=None, help="device memory preset (h100-llama3-8b; cpu-smollm2-135m; default by profile)"
     )
@@ -59,7 +55,9 @@ def add_parser(subparsers) -> None:
         help="log-normal sigma between profile and simulated device (default 0: exact)",
     )
     sim.add_argument(
-        "--plan-margin", type=float, default=0.0, help="harvest/temporal plan for target * (1 - margin) (default 0)"
+        "--plan-margin", type=float, default=0.0,
+        help="override: harvest and temporal plan for target * (1 - margin) (default 0: temporal plans for the "
+        "target, harvest learns its margin online)"
     )
     sim.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)

@@ -32,7 +32,9 @@ def add_parser(subparsers) -> None:
                             help="run on a SYNTHETIC --profile (made-up numbers, e.g. the shipped H100 one); "
                             "refused without this flag")
     colocation.add_argument("--finetune-max-unit-ms", type=float, default=None,
-                            help="split micro-batches so one unit stays under this (default: a quarter of the target)")
+                            help="split micro-batches so one unit stays under this (default: the profile's shortest "
+                            "decode step, so a pause takes effect within one step; without --profile a quarter of "
+                            "the target)")
     colocation.add_argument("--finetune-window-layers", type=int, default=None,
                             help="frozen-weight layers resident at once (default: all)")
     colocation.add_argument("--finetune-resume", action="store_true",
@@ -92,7 +94,7 @@ def _finetune_spec(args: argparse.Namespace, model_path):
         return FinetuneConfig(
             yaml_path=args.finetune,
             device="cuda" if has_real_driver() else "cpu",
-            max_unit_ms=args.finetune_max_unit_ms or args.tpot_slo_ms / 4,
+            max_unit_ms=args.finetune_max_unit_ms,
             num_window_layers=args.finetune_window_layers,
             resume=args.finetune_resume,
         )

@@ -53,6 +53,10 @@ class FinetuneJob:
         self._last_unit_s = time.monotonic()
         self._num_units = 0
         self._num_tokens = 0
+        self._num_samples = 0
+        """Samples trained: optimizer steps x samples per step (micro-batch rows x accumulation steps)."""
+        self._samples_per_step = 0
+        self._is_ready = False
         self._unit_ms_total = 0.0
         self._stats: dict = {}
         self._builder = threading.Thread(target=self._build, name="harvest-finetune-build", daemon=True)
@@ -79,27 +83,44 @@ class FinetuneJob:
     def _build(self) -> None:
         try:
             self.engine = self._engine_factory(self.config)
+            args = self.engine.llamafactory.training_args
+            self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
             self._refresh_stats()
             self._phase = FinetuneState.RUNNING
+            self._refresh_readiness()
         except Exception as e:  # noqa: BLE001 - any failure of the job must stay in the job
             self._fail(e)
 
     # ---- scheduler thread ----
 
-    def can_run_unit(self) -> bool:
+    def poll(self) -> None:
+        """The scheduler thread's explicit turn between units: checkpoint and stop if the admin thread asked,
+        fail the job if its engine broke, and note whether the next unit is ready (has_ready_work reads it)."""
         if self._stop_requested.is_set():
             self._stop()
-            return False
-        if self._is_paused or self._phase not in ACTIVE_PHASES:
-            return False
+            return
+        self._refresh_readiness()
+
+    def has_ready_work(self) -> bool:
+        """Whether a unit may run now, as of the last poll() or unit; changes nothing."""
+        return self._is_ready and not self._is_paused and self._phase in ACTIVE_PHASES
+
+    def _refresh_readiness(self) -> None:
+        if self._phase not in ACTIVE_PHASES:
+            self._is_ready = False
+            return
         try:
-            is_ready = self.engine.has_ready_work()
+            self._is_ready = self.engine.has_ready_work()
         except Exception as e:  # noqa: BLE001
             self._fail(e)
-            return False
-        if not is_ready:
+            return
+        if not self._is_ready:
             self._phase = FinetuneState.WAITING
-        return is_ready
+
+    @property
+    def max_unit_ms(self) -> float | None:
+        """What units are sized to stay under (the spec's bound; None: not split on time)."""
+        return self.spec.max_unit_ms
 
     def next_unit_kind(self) -> str:
         return self.engine.next_unit_kind()
@@ -117,9 +138,11 @@ class FinetuneJob:
         self._num_tokens += result.num_trained_tokens
         self._unit_ms_total += result.duration_ms
         if result.is_step_end:
+            self._num_samples += self._samples_per_step
             self._refresh_stats()
             if self.engine.is_finished:
                 self._finish()
+        self._refresh_readiness()
         return result
 
     def note_no_room(self) -> None:
@@ -153,6 +176,7 @@ class FinetuneJob:
             "num_units": self._num_units,
             "unit_ms_mean": round(self._unit_ms_total / self._num_units, 3) if self._num_units else None,
             "tokens": self._num_tokens,
+            "samples": self._num_samples,
             **self._stats,
         }
 

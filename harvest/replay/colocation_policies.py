@@ -1,14 +1,17 @@
 """How the decode device shares its SMs and memory with the finetune job, one class per policy.
 
-Each policy turns one decode step's shape into the step's latency and the finetune work done meanwhile:
-`step(batch_size, num_kv_tokens, kv_reserved_tokens) -> (latency_ms, infer_sms, ft_sms, ft_tokens,
-ft_bytes, window_layers)`. The simulated device follows the profile's latency model (times log-normal
-noise when ReplayConfig.latency_noise > 0), so with no noise the profile is exact.
+Each policy turns one decode step's shape into the step's time and the finetune work done meanwhile:
+`step(batch_size, num_kv_tokens, kv_reserved_tokens) -> (elapsed_ms, charged_ms, infer_sms, ft_sms,
+ft_tokens, ft_bytes, window_layers)`, where charged_ms is what counts against the TPOT target (the elapsed
+time plus a wait for an idle-time unit the batch arrived during), and `idle(t_s, until_s) -> (t_s,
+ft_tokens)` runs the device with no batch. The simulated device follows the profile's latency model
+(times log-normal noise when ReplayConfig.latency_noise > 0), so with no noise the profile is exact.
 
 - separate: decode alone on every SM; the finetune job has a device of its own (HARLI SeparateMode).
 - static: a fixed split of SMs and memory, 60/40 by default (HARLI StaticMode); finetune always co-runs.
-- harvest: predictor.SplitPlanner per step (the worker's own decision code) over the memory decode
-  does not hold; on a temporal-only profile (CPU) the planner's slack is filled with finetune units.
+- harvest: the worker's own controller and planner (harvest.colocation.Controller, predictor.SplitPlanner)
+  on a simulated clock and job (simulated_job.py), over the memory decode does not hold.
+- oracle (opt-in): per step the best candidate with the device's true latency; a yardstick, not a policy.
 - temporal: time slicing (FlexLLM / LLMStation style): decode alone on every SM, then as many whole
   finetune units as fit in the slack the profile predicts before the TPOT target.
 """
@@ -16,9 +19,19 @@ noise when ReplayConfig.latency_noise > 0), so with no noise the profile is exac
 import math
 import random
 
+import numpy as np
+
 from base.errors import HarvestError
+from harvest.colocation.slo_tracker import SloTracker
+from harvest.colocation.temporal_controller import TemporalController
+from harvest.step_stats import DecodeStep
 from harvest.replay.finetune_rates import FinetuneRates
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
+from harvest.replay.simulated_job import (
+    SimClock,
+    SimulatedJob,
+    SimulatedSpatialController,
+)
 from predictor import Profile, SplitPlanner
 
 
@@ -56,6 +69,10 @@ class ColocationPolicy:
     def step(self, batch_size: int, num_kv_tokens: int, kv_reserved_tokens: int) -> tuple:
         raise NotImplementedError
 
+    def idle(self, t_s: float, until_s: float) -> tuple[float, float]:
+        """No request runs from t_s until an arrival at until_s: (when the next step may start, tokens)."""
+        return until_s, (until_s - t_s) * self.idle_tokens_per_s()
+
 
 class SeparatePolicy(ColocationPolicy):
     name = "separate"
@@ -65,7 +82,7 @@ class SeparatePolicy(ColocationPolicy):
 
     def step(self, batch_size, num_kv_tokens, kv_reserved_tokens):
         ms = self.device_ms(self.full_sms, 0, batch_size, num_kv_tokens / batch_size)
-        return ms, self.full_sms, 0, 0.0, 0, 0
+        return ms, ms, self.full_sms, 0, 0.0, 0, 0
 
 
 class StaticPolicy(ColocationPolicy):
@@ -96,7 +113,7 @@ class StaticPolicy(ColocationPolicy):
     def step(self, batch_size, num_kv_tokens, kv_reserved_tokens):
         ft_sms = self.ft_sms if self.window else 0
         ms = self.device_ms(self.infer_sms, ft_sms, batch_size, num_kv_tokens / batch_size)
-        return ms, self.infer_sms, ft_sms, self.colo_tokens_per_s * ms / 1e3, self.ft_bytes, self.window
+        return ms, ms, self.infer_sms, ft_sms, self.colo_tokens_per_s * ms / 1e3, self.ft_bytes, self.window
 
 
 class TemporalPolicy(ColocationPolicy):
@@ -110,7 +127,7 @@ class TemporalPolicy(ColocationPolicy):
         num_units = int(slack_ms // self.rates.unit_ms) if window and slack_ms > 0 else 0
         ft_ms = num_units * self.rates.unit_ms
         ft_tokens = self.rates.whole_device_tokens_per_s * ft_ms / 1e3
-        return decode_ms + ft_ms, self.full_sms, 0, ft_tokens, ft_bytes, window
+        return decode_ms + ft_ms, decode_ms + ft_ms, self.full_sms, 0, ft_tokens, ft_bytes, window
 
 
 class HarvestPolicy(ColocationPolicy):
@@ -118,27 +135,93 @@ class HarvestPolicy(ColocationPolicy):
 
     def __init__(self, profile, memory, rates, config):
         super().__init__(profile, memory, rates, config)
-        self.planner = SplitPlanner(profile, config.plan_target_ms)
-        self.is_spatial = self.model.has_colo
-        self._colo_tokens_per_s = {}
-        if self.is_spatial:
-            self._colo_tokens_per_s = {f: rates.colo(f) for _, f in profile.partitions if f}
+        self.clock = SimClock()
+        margin = config.plan_margin if config.plan_margin > 0 else None
+        self.planner = SplitPlanner(profile, config.tpot_slo_ms, plan_margin=margin)
+        # The worker sizes units (max_unit_ms) from the profile to fit within its shortest decode step.
+        self.unit_ms = min(rates.unit_ms, self.planner.shortest_step_ms)
+        self.job = SimulatedJob(self.clock, self.unit_ms, rates.whole_device_tokens_per_s)
+        slo = SloTracker(config.tpot_slo_ms, window_steps=1000)
+        source = f"profile {profile.device_name} (simulated device)"
+        if self.model.has_colo:
+            self.controller = SimulatedSpatialController(self.job, self.planner, slo, source, rates.colo, self.clock)
+        else:
+            self.controller = TemporalController(self.job, self.planner, slo, source, clock=self.clock,
+                                                 loop_overhead_ms=0.0)
 
     def step(self, batch_size, num_kv_tokens, kv_reserved_tokens):
-        seq_len = num_kv_tokens / batch_size
         ft_bytes, window = self.lent_window(kv_reserved_tokens)
-        decision = self.planner.plan(batch_size, seq_len, window > 0)
-        decode_ms = self.device_ms(decision.infer_sms, decision.ft_sms, batch_size, seq_len)
-        self.planner.observe(decision, decode_ms)
-        if decision.ft_sms:
-            ft_tokens = self._colo_tokens_per_s[decision.ft_sms] * decode_ms / 1e3
-            return decode_ms, decision.infer_sms, decision.ft_sms, ft_tokens, ft_bytes, window
-        if not self.is_spatial and window and decision.slack_ms > 0:
-            ft_ms = (decision.slack_ms // self.rates.unit_ms) * self.rates.unit_ms
-            if ft_ms > 0:
-                ft_tokens = self.rates.whole_device_tokens_per_s * ft_ms / 1e3
-                return decode_ms + ft_ms, decision.infer_sms, 0, ft_tokens, ft_bytes, window
-        return decode_ms, decision.infer_sms, 0, 0.0, ft_bytes, window
+        self.job.is_ready = window > 0
+        step = DecodeStep(0, batch_size, num_kv_tokens, self.clock())
+        self.controller.before_step(step)
+        decision = self.controller.decision
+        decode_ms = self.device_ms(decision.infer_sms, decision.ft_sms, batch_size, num_kv_tokens / batch_size)
+        self.clock.advance_ms(decode_ms)
+        step.latency_ms = decode_ms
+        self.controller.after_step(step)
+        elapsed_ms = decode_ms + step.finetune_ms
+        ft_sms = decision.ft_sms if window else 0
+        return (elapsed_ms, elapsed_ms + step.idle_wait_ms, decision.infer_sms, ft_sms, step.finetune_tokens,
+                ft_bytes, window)
+
+    def idle(self, t_s, until_s):
+        """The worker's idle loop: one unit per turn until a request has arrived (it waits for the unit)."""
+        self.clock.t_s = t_s
+        self.job.is_ready = self.lent_window(0)[1] > 0
+        tokens = 0.0
+        while self.clock() < until_s:
+            trained = self.controller.on_idle()
+            if not trained:
+                return until_s, tokens
+            tokens += trained
+        return self.clock(), tokens
 
 
-POLICY_CLASSES = {cls.name: cls for cls in (SeparatePolicy, StaticPolicy, HarvestPolicy, TemporalPolicy)}
+class OraclePolicy(ColocationPolicy):
+    """Not deployable, a yardstick for harvest's per-step choice: it knows each step's true latency on every
+    candidate (the device's noise draw included) and takes the one that trains the most finetune tokens
+    within the target, co-run plus a slice of the same units harvest runs."""
+
+    name = "oracle"
+
+    def __init__(self, profile, memory, rates, config):
+        super().__init__(profile, memory, rates, config)
+        solo = self.model.solo
+        self.unit_ms = min(rates.unit_ms, SplitPlanner(profile, config.tpot_slo_ms).shortest_step_ms)
+        self.unit_tokens = rates.whole_device_tokens_per_s * self.unit_ms / 1e3
+        pairs = [(i, 0) for i in solo.infer_options if i == self.full_sms]
+        if self.model.has_colo:
+            pairs += [(i, f) for i, f in profile.partitions if f]
+        self.infer_sms = np.array([i for i, _ in pairs])
+        self.ft_sms = np.array([f for _, f in pairs])
+        lines = [solo.coefficients(i) for i, _ in pairs]
+        self.b0, self.c0, self.k0 = (np.array([getattr(c, n) for c in lines]) for n in ("b0_ms", "c0_ms", "k0_ms"))
+        self.slowdown = np.array([self.model.slowdown(i, f) for i, f in pairs])
+        self.co_run_tokens_per_ms = np.array([rates.colo(f) / 1e3 if f else 0.0 for _, f in pairs])
+        self.plateau = solo.plateau_batch_size
+        self.target = config.tpot_slo_ms
+
+    def step(self, batch_size, num_kv_tokens, kv_reserved_tokens):
+        ft_bytes, window = self.lent_window(kv_reserved_tokens)
+        noise = self._rng.lognormvariate(0.0, self._noise) if self._noise else 1.0
+        padded = max(batch_size, self.plateau)
+        ms = (self.b0 * padded + self.c0 + self.k0 * num_kv_tokens) * self.slowdown * noise  # [num_candidates]
+        if not window:
+            return ms[0], ms[0], self.full_sms, 0, 0.0, ft_bytes, window
+        num_units = np.floor(np.maximum(self.target - ms, 0.0) / self.unit_ms)
+        tokens = np.where(ms <= self.target, self.co_run_tokens_per_ms * ms + num_units * self.unit_tokens, -1.0)
+        best = int(np.argmax(tokens)) if tokens.max() > 0 else 0
+        elapsed = ms[best] + num_units[best] * self.unit_ms
+        return (elapsed, elapsed, int(self.infer_sms[best]), int(self.ft_sms[best]), max(tokens[best], 0.0),
+                ft_bytes, window)
+
+    def idle(self, t_s, until_s):
+        if not self.lent_window(0)[1]:
+            return until_s, 0.0
+        num_units = math.ceil((until_s - t_s) * 1e3 / self.unit_ms)  # the same idle loop as harvest's
+        return t_s + num_units * self.unit_ms / 1e3, num_units * self.unit_tokens
+
+
+POLICY_CLASSES = {
+    cls.name: cls for cls in (SeparatePolicy, StaticPolicy, HarvestPolicy, TemporalPolicy, OraclePolicy)
+}

@@ -116,11 +116,11 @@ class DecodeSimulator:
                 admit_s[r] = t
                 heapq.heappush(finishing, (num_steps + generated[r], r))
             if not batch_size:
-                idle_ft += (arrival[next_arrival] - t) * idle_rate
-                t = arrival[next_arrival]
+                t, tokens = policy.idle(t, arrival[next_arrival])
+                idle_ft += tokens
                 continue
-            ms, infer_sms, ft_sms, ft_tokens, ft_bytes, window = step(batch_size, kv_tokens, kv_reserved)
-            t += ms / 1e3
+            elapsed_ms, ms, infer_sms, ft_sms, ft_tokens, ft_bytes, window = step(batch_size, kv_tokens, kv_reserved)
+            t += elapsed_ms / 1e3
             busy_ft += ft_tokens
             num_steps += 1
             end_s.append(t), lat.append(ms), bs_.append(batch_size), kv_.append(kv_tokens)

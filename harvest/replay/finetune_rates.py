@@ -19,6 +19,9 @@ class FinetuneRates:
     """None when the profile measured no co-run (a CPU: finetune only runs between decode steps)."""
     unit_ms: float
     """Mean finetune scheduling unit at the whole device: temporal sharing inserts whole units."""
+    samples_per_token: float | None
+    """Training samples per trained token, as the profiler measured them on the whole device (its samples/s
+    over its tokens/s: optimizer steps x samples per step); None when the profile did not record samples."""
 
     @classmethod
     def from_profile(cls, profile: Profile) -> "FinetuneRates":
@@ -35,6 +38,8 @@ class FinetuneRates:
             tuple(t.tokens_per_s_solo for t in entries),
             tuple(t.tokens_per_s_colo for t in entries) if has_colo else None,
             entries[-1].unit_ms,
+            None if entries[-1].samples_per_s_solo is None
+            else entries[-1].samples_per_s_solo / entries[-1].tokens_per_s_solo,
         )
 
     def solo(self, ft_sms: int) -> float:

@@ -35,7 +35,6 @@ class LiveReplay:
         admin_url: str,
         tpot_slo_ms: float,
         max_concurrency: int = 64,
-        finetune_tokens_per_sample: int = 2048,
         num_series_points: int = 600,
         drain_s: float = 300.0,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -46,7 +45,7 @@ class LiveReplay:
             raise HarvestError(f"--concurrency must be >= 1, got {max_concurrency}")
         self.target_url, self.admin_url = target_url.rstrip("/"), admin_url.rstrip("/")
         self.tpot_slo_ms, self.max_concurrency = tpot_slo_ms, max_concurrency
-        self.finetune_tokens_per_sample, self.num_series_points = finetune_tokens_per_sample, num_series_points
+        self.num_series_points = num_series_points
         if not drain_s > 0:
             raise HarvestError(f"--drain-s must be > 0, got {drain_s}")
         self.drain_s = drain_s
@@ -192,7 +191,6 @@ class LiveReplay:
             "config": {
                 "tpot_slo_ms": self.tpot_slo_ms,
                 "max_concurrency": self.max_concurrency,
-                "finetune_tokens_per_sample": self.finetune_tokens_per_sample,
             },
             "notes": [*errors[:20], *([] if after.get("finetune") else [NO_FINETUNE_NOTE])],
             "policies": {"live": entry},
@@ -220,7 +218,7 @@ class LiveReplay:
         if "step" in after:
             out["num_steps"] = after["step"] - (before or {}).get("step", 0)
         if rate is not None:
-            out.update(
-                tokens_per_s=rate, decode_device_tokens_per_s=rate, samples_per_s=rate / self.finetune_tokens_per_sample
-            )
+            out.update(tokens_per_s=rate, decode_device_tokens_per_s=rate)
+        if "samples" in after:  # the job's optimizer steps x samples per step
+            out["samples_per_s"] = (after["samples"] - (before or {}).get("samples", 0)) / elapsed_s
         return out

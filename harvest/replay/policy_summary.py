@@ -67,7 +67,7 @@ def summarize_policy(
     span_s: float,
     kv_bytes_per_token: int,
     tpot_slo_ms: float,
-    tokens_per_sample: int,
+    samples_per_token: float | None,
     num_points: int,
 ) -> dict:
     """One policy over its fleet: `runs` are its decode devices (extended to span_s), plus a dedicated
@@ -89,7 +89,7 @@ def summarize_policy(
         "decode": {**decode_metrics(latency, batch, tpot_ms, queue, tpot_slo_ms), "makespan_s": round(span_s, 3)},
         "finetune": {
             "tokens_per_s": total_tokens / span_s,
-            "samples_per_s": total_tokens / span_s / tokens_per_sample,
+            "samples_per_s": None if samples_per_token is None else total_tokens / span_s * samples_per_token,
             "decode_device_tokens_per_s": decode_device_tokens / span_s / len(runs),
             "finetune_device_tokens_per_s": finetune_device_tokens_per_s,
             "ratio_to_separate": None,

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from base.errors import HarvestError
 
 POLICIES = ("separate", "static", "harvest", "temporal")
+"""What `--policy all` runs; `--with-oracle` adds the oracle yardstick."""
+KNOWN_POLICIES = (*POLICIES, "oracle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +92,13 @@ class ReplayConfig:
     """StaticMode's fixed share of SMs and of memory for decode (HARLI: 60 %)."""
     max_running_requests: int = 256
     """Largest decode batch the worker admits."""
-    finetune_tokens_per_sample: int = 2048
-    """Tokens in one finetune sample (HARLI: micro-batch 2 x 1024), to turn tokens/s into samples/s."""
     min_window_layers: int = 1
     """Fewest frozen layers the lent memory must hold for the finetune job to have ready work."""
     latency_noise: float = 0.0
     """Sigma of log-normal noise between the profile and the simulated device (0: the profile is exact)."""
     plan_margin: float = 0.0
-    """harvest and temporal plan for tpot_slo_ms * (1 - plan_margin): headroom for an inexact profile."""
+    """> 0: harvest and temporal plan for tpot_slo_ms * (1 - plan_margin), an explicit override; 0: temporal
+    plans for the target and harvest learns its margin online (predictor.plan_margin)."""
     seed: int = 0
     num_series_points: int = 600
     """Points per time series kept in results.json and plotted."""
@@ -109,13 +110,15 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.tpot_slo_ms) and self.tpot_slo_ms > 0):
             raise HarvestError(f"TPOT target must be a positive number of ms, got {self.tpot_slo_ms}")
-        unknown = [p for p in self.policies if p not in POLICIES]
+        unknown = [p for p in self.policies if p not in KNOWN_POLICIES]
         if unknown or not self.policies:
-            raise HarvestError(f"policies must be among {', '.join(POLICIES)} (or all), got {', '.join(self.policies)}")
+            raise HarvestError(
+                f"policies must be among {', '.join(KNOWN_POLICIES)} (or all), got {', '.join(self.policies)}"
+            )
         if not 0.0 < self.static_infer_share < 1.0:
             raise HarvestError(f"static decode share must be in (0, 1), got {self.static_infer_share}")
-        if self.max_running_requests < 1 or self.finetune_tokens_per_sample < 1 or self.min_window_layers < 1:
-            raise HarvestError("max running requests, finetune tokens per sample and min window layers must be >= 1")
+        if self.max_running_requests < 1 or self.min_window_layers < 1:
+            raise HarvestError("max running requests and min window layers must be >= 1")
         if not (math.isfinite(self.latency_noise) and self.latency_noise >= 0):
             raise HarvestError(f"latency noise must be >= 0, got {self.latency_noise}")
         if not 0.0 <= self.plan_margin < 1.0:

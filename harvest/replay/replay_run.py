@@ -31,7 +31,6 @@ class ReplayRunConfig:
     max_context_tokens: int | None = None
     max_generated_tokens: int | None = None
     tpot_ms: float = 40.0
-    tokens_per_sample: int = 2048
     no_plots: bool = False
     target: str | None = None
     admin: str = "http://127.0.0.1:30100"
@@ -40,6 +39,7 @@ class ReplayRunConfig:
     simulate: bool = False
     profile: str | None = None
     policy: str = "all"
+    with_oracle: bool = False
     memory: str | None = None
     kv_capacity_tokens: int | None = None
     static_share: float = 0.6
@@ -110,10 +110,9 @@ def _simulate(config: ReplayRunConfig, trace, console) -> dict:
     console.print(f"memory preset {memory.name}: {memory.basis}")
     replay_config = ReplayConfig(
         tpot_slo_ms=config.tpot_ms,
-        policies=POLICIES if config.policy == "all" else (config.policy,),
+        policies=(POLICIES if config.policy == "all" else (config.policy,)) + (("oracle",) if config.with_oracle else ()),
         static_infer_share=config.static_share,
         max_running_requests=config.max_running_requests,
-        finetune_tokens_per_sample=config.tokens_per_sample,
         latency_noise=config.latency_noise,
         plan_margin=config.plan_margin,
         seed=config.seed,
@@ -152,7 +151,7 @@ def _live(config: ReplayRunConfig, trace, console) -> dict:
     from harvest.replay.live_replay import LiveReplay
 
     replay = LiveReplay(
-        config.target, config.admin, config.tpot_ms, config.concurrency, config.tokens_per_sample, drain_s=config.drain_s
+        config.target, config.admin, config.tpot_ms, config.concurrency, drain_s=config.drain_s
     )
     with Progress(
         TextColumn("replaying live"),

@@ -17,8 +17,8 @@ from predictor.synthetic_profile import is_synthetic
 from traces.trace import Trace
 
 SCHEMA_VERSION = 1
-DEDICATED_FINETUNE_DEVICE = {"separate": True, "harvest": True, "temporal": True, "static": False}
-NUM_DECODE_DEVICES = {"separate": 1, "harvest": 1, "temporal": 1, "static": 2}
+DEDICATED_FINETUNE_DEVICE = {"separate": True, "harvest": True, "temporal": True, "static": False, "oracle": True}
+NUM_DECODE_DEVICES = {"separate": 1, "harvest": 1, "temporal": 1, "static": 2, "oracle": 1}
 
 FLEET = (
     "The fleet is HARLI's (sec. 8.1): two devices. `separate` decodes on one and finetunes alone on the "
@@ -63,7 +63,7 @@ class ReplaySimulation:
                 span_s,
                 self.memory.kv_bytes_per_token,
                 c.tpot_slo_ms,
-                c.finetune_tokens_per_sample,
+                self.rates.samples_per_token,
                 c.num_series_points,
             )
             if name == "static":
@@ -72,6 +72,10 @@ class ReplaySimulation:
                     "ft_sms": int(runs[0].step_ft_sms.max(initial=0)),
                 }
             timings[name] = round(time.perf_counter() - t0, 3)
+        oracle_rate = entries.get("oracle", {}).get("finetune", {}).get("decode_device_tokens_per_s")
+        for entry in entries.values():
+            if oracle_rate and entry["status"] == "ok":
+                entry["finetune"]["decode_device_ratio_to_oracle"] = entry["finetune"]["decode_device_tokens_per_s"] / oracle_rate
         for base in ("separate", "static"):
             base_rate = entries.get(base, {}).get("finetune", {}).get("tokens_per_s")
             for entry in entries.values():
@@ -96,7 +100,6 @@ class ReplaySimulation:
                 "tpot_slo_ms": self.config.tpot_slo_ms,
                 "static_infer_share": self.config.static_infer_share,
                 "max_running_requests": self.config.max_running_requests,
-                "finetune_tokens_per_sample": self.config.finetune_tokens_per_sample,
                 "latency_noise": self.config.latency_noise,
                 "plan_margin": self.config.plan_margin,
                 "seed": self.config.seed,
@@ -155,8 +158,10 @@ class ReplaySimulation:
         if not self.profile.latency_model.has_colo:
             notes.append(
                 "the profile has one partition (no co-run model): static is not defined, and harvest "
-                "reduces to temporal sharing driven by the planner's predicted slack"
+                "reduces to temporal sharing: a slice after each step, sized on its measured time"
             )
+        if self.rates.samples_per_token is None:
+            notes.append("samples/s not reported: the profile recorded no measured samples/s (samples_per_s_solo)")
         if self.config.latency_noise == 0:
             notes.append("the simulated device follows the profile exactly (latency_noise 0)")
         return notes

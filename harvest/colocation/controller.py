@@ -1,0 +1,219 @@
+"""What the step loop drives, once per decode step: before_step (plan) -> decode -> after_step (account,
+then a temporal slice) -> stats; on_idle between steps. TemporalController and SpatialController are its
+two forms: they differ only in what runs *during* a step (nothing, or finetune units on the partition the
+planner gave them).
+
+After every step, what is left of its TPOT budget, as measured, goes to finetune units on the whole device
+(the temporal slice): a unit is admitted while a high quantile of its kind's recent times fits, within a
+share of the slack that backs off when a step runs long or misses the target (eval/README.md, "Temporal
+slice", says why each number is what it is). The step's record says what it was charged: the slice, and the wait of a batch that
+arrived while an idle-time unit ran.
+"""
+
+import contextlib
+import math
+import time
+from collections import deque
+
+from harvest.colocation.finetune_job import ACTIVE_PHASES
+from harvest.colocation.slo_tracker import SloTracker
+from harvest.step_stats import DecodeStep
+
+RECENT_UNITS_PER_KIND = 32
+UNIT_QUANTILE_Z = 3.09
+"""A unit is admitted if this high a quantile of its kind's recent times fits (the normal 99.9th percentile
+of log unit time): chunk lengths and the host make unit times spread, and an overrun breaks the step."""
+BACKOFF_LATENCY_FRACTION = 0.7
+FILL_RECOVERY_PER_STEP = 0.02
+LOOP_OVERHEAD_MS = 2.0
+
+
+class Controller:
+    mode = ""
+
+    def __init__(self, job, planner, slo: SloTracker, planner_source: str, lender=None, clock=time.perf_counter,
+                 loop_overhead_ms: float = LOOP_OVERHEAD_MS):
+        """`planner`: a SplitPlanner, or None (no profile: each step's slice is the target minus its measured
+        time). `lender`: the KvLender whose chunks hold the job's weight window (None: no KV lending).
+        `clock`: seconds; the simulator passes its own. `loop_overhead_ms`: the scheduler's own time between
+        a step's result and the next launch, kept out of the slice (the simulator has none)."""
+        self.loop_overhead_ms = loop_overhead_ms
+        self.job = job
+        self.planner = planner
+        self.slo = slo
+        self.planner_source = planner_source
+        self.lender = lender
+        self.clock = clock
+        self._recent_unit_ms: dict[str, deque[float]] = {}
+        self._unit_estimates: dict[str, float] = {}
+        self._decision = None
+        self._idle_unit_ms = 0.0
+        self.fill_fraction = 1.0
+        self.num_units_in_slack = 0
+        self.num_units_idle = 0
+        self.finetune_ms_in_slack = 0.0
+        self.max_idle_wait_ms = 0.0
+
+    # ---- the interface the step loop uses ----
+
+    @property
+    def decision(self):
+        """The planner's decision for the current step (None without a planner)."""
+        return self._decision
+
+    def decode_stream_context(self):
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass
+
+    def before_step(self, step: DecodeStep) -> None:
+        # A batch that arrived while an idle-time unit ran waited for it: at most that unit's time.
+        step.idle_wait_ms, self._idle_unit_ms = self._idle_unit_ms, 0.0
+        self.job.poll()
+        if self.planner is None:
+            self._decision = None
+            return
+        self._decision = self.planner.plan(step.batch_size, step.mean_seq_len, self.job.has_ready_work())
+        step.predicted_ms = self._decision.predicted_ms
+        self._start_co_run(self._decision)
+
+    def after_step(self, step: DecodeStep, kv_demand_slots: int = 0) -> None:
+        """The step's tokens are out: give decode the KV memory it needs, fill what is left of the step's
+        budget with finetune units, and record the step (step.finetune_tokens, step.is_slo_met)."""
+        started = self.clock()
+        step.finetune_tokens = self._end_co_run(step)
+        target_ms = self.slo.tpot_slo_ms
+        if self._decision is not None:
+            self.planner.observe(self._decision, step.latency_ms)
+        if step.latency_ms > BACKOFF_LATENCY_FRACTION * target_ms:
+            self.fill_fraction /= 2
+        else:
+            self.fill_fraction = min(1.0, self.fill_fraction + FILL_RECOVERY_PER_STEP)
+        spent_ms = step.latency_ms + step.idle_wait_ms
+        budget_ms = self.fill_fraction * (target_ms - spent_ms) - self.loop_overhead_ms
+        # Reclaiming KV for decode always happens; growing the job's window only where the slice has room.
+        did_memory_work = self._rebalance_memory(kv_demand_slots, can_grow=budget_ms > 0)
+        self.job.poll()
+        ran_any = False
+        while self.job.has_ready_work():
+            if self._next_unit_estimate_ms() > budget_ms - (self.clock() - started) * 1e3:
+                break
+            result = self._run_unit()
+            if result is None:
+                break
+            ran_any = True
+            step.finetune_tokens += result.num_trained_tokens
+            self.num_units_in_slack += 1
+        finetune_ms = (self.clock() - started) * 1e3 if ran_any or did_memory_work or self._decision_co_ran() else 0.0
+        self.finetune_ms_in_slack += finetune_ms
+        if not ran_any:
+            self.job.note_no_room()
+        step.finetune_ms = finetune_ms
+        self.max_idle_wait_ms = max(self.max_idle_wait_ms, step.idle_wait_ms)
+        step.is_slo_met = self.slo.record(step.latency_ms + finetune_ms + step.idle_wait_ms)
+        if not step.is_slo_met:
+            self.fill_fraction /= 2  # whatever overran (a unit, memory work, the wait), give decode room
+
+    def on_idle(self, kv_demand_slots: int = 0) -> int:
+        """No decode batch: run one unit (the loop comes back here between units to check for requests).
+        Returns the finetune tokens it trained."""
+        self._rebalance_memory(kv_demand_slots)
+        self.job.poll()
+        if not self.job.has_ready_work():
+            return 0
+        started = self.clock()
+        result = self._run_unit()
+        self._idle_unit_ms = (self.clock() - started) * 1e3
+        if result is None:
+            return 0
+        self.num_units_idle += 1
+        return result.num_trained_tokens
+
+    def stats(self) -> dict:
+        decision = self._decision
+        return {
+            "mode": self.mode,
+            "planner": self.planner_source,
+            "split": None if decision is None else {
+                "infer_sms": decision.infer_sms, "ft_sms": decision.ft_sms,
+                "predicted_ms": round(decision.predicted_ms, 3), "slack_ms": round(decision.slack_ms, 3),
+                "predicted_finetune_tokens_per_s": round(decision.finetune_tokens_per_s, 3),
+                "margin": round(decision.margin, 4),
+                "is_finetune_paused": decision.is_finetune_paused,
+                "is_slo_unreachable": decision.is_slo_unreachable,
+            },
+            "predictor": None if self.planner is None else {
+                **self.planner.stats().to_dict(), "margin": self.planner.margin_stats(),
+                "finetune_rates": self.planner.rate_source,
+            },
+            "fill_fraction": round(self.fill_fraction, 4),
+            "units_in_slack": self.num_units_in_slack,
+            "units_idle": self.num_units_idle,
+            "finetune_ms_in_slack": round(self.finetune_ms_in_slack, 1),
+            "reaction": self.reaction_stats(),
+            "slo": self.slo.snapshot(),
+        }
+
+    def reaction_stats(self) -> dict:
+        """How soon decode gets the device back: a batch arriving during an idle-time unit waits for it."""
+        longest = max((max(r) for r in self._recent_unit_ms.values()), default=None)
+        shortest_step = None if self.planner is None else self.planner.shortest_step_ms
+        return {
+            "longest_recent_unit_ms": None if longest is None else round(longest, 3),
+            "max_idle_wait_ms": round(self.max_idle_wait_ms, 3),
+            "shortest_step_ms": None if shortest_step is None else round(shortest_step, 3),
+            "pause_within_one_step": None if longest is None or shortest_step is None else longest <= shortest_step,
+        }
+
+    # ---- what the two forms differ in ----
+
+    def _start_co_run(self, decision) -> None:
+        """The step is about to launch on decision.infer_sms: start finetuning beside it, if anywhere."""
+
+    def _end_co_run(self, step: DecodeStep) -> int:
+        """The step's tokens are out: stop finetuning beside it; the tokens it trained meanwhile."""
+        return 0
+
+    # ---- shared ----
+
+    def _decision_co_ran(self) -> bool:
+        return self._decision is not None and self._decision.ft_sms > 0
+
+    def _rebalance_memory(self, kv_demand_slots: int, can_grow: bool = True) -> bool:
+        """Reclaim lent KV memory decode needs, else grow the job's window; True if it did any work."""
+        if self.lender is None:
+            return False
+        engine = self.job.engine if self.job.is_active else None
+        if engine is not self.lender.engine:
+            if engine is None:
+                self.lender.detach_engine()
+            else:
+                self.lender.attach_engine(engine, engine.num_window_layers)
+        # Growth waits while the operator pauses the job, not while it waits for memory: that is what it needs.
+        return self.lender.rebalance(kv_demand_slots, can_grow=can_grow and self.job.state in ACTIVE_PHASES)
+
+    def _run_unit(self):
+        result = self.job.run_unit()
+        if result is not None and result.duration_ms > 0:
+            recent = self._recent_unit_ms.setdefault(result.kind, deque(maxlen=RECENT_UNITS_PER_KIND))
+            recent.append(result.duration_ms)
+            self._unit_estimates.pop(result.kind, None)
+        return result
+
+    def _next_unit_estimate_ms(self) -> float:
+        """A high quantile of the next unit's kind's recent times, at least the longest of them. A kind timed
+        fewer than 2 times is estimated at twice the job's unit bound (its first units are cut to the bound
+        before any is timed, so they may overrun it), or admitted in idle loops only if it has none."""
+        kind = self.job.next_unit_kind()
+        estimate = self._unit_estimates.get(kind)
+        if estimate is None:
+            recent = self._recent_unit_ms.get(kind)
+            if not recent or len(recent) < 2:
+                bound = self.job.max_unit_ms
+                return float("inf") if bound is None else 2.0 * bound
+            logs = [math.log(ms) for ms in recent]
+            mean = sum(logs) / len(logs)
+            std = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+            estimate = self._unit_estimates[kind] = max(max(recent), math.exp(mean + UNIT_QUANTILE_Z * std))
+        return estimate

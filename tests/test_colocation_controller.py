@@ -1,0 +1,104 @@
+"""The controller both co-location modes share, on a simulated clock and job (no worker, no GPU): the slice
+fits the measured slack, the idle-unit wait is charged to the batch that waited, stats have one shape."""
+
+import pytest
+
+from harvest.colocation.controller import Controller
+from harvest.colocation.finetune_job import FinetuneSpec
+from harvest.colocation.slo_tracker import SloTracker
+from harvest.colocation.temporal_controller import TemporalController
+from harvest.config import AdminConfig, ServeConfig
+from harvest.step_stats import DecodeStep
+from harvest.replay.simulated_job import (
+    SimClock,
+    SimulatedJob,
+    SimulatedSpatialController,
+)
+from predictor.synthetic_profile import SHIPPED_PATH
+from harvest.runtime import _build_controller
+from predictor import Profile, SplitPlanner
+
+TARGET_MS = 40.0
+UNIT_MS = 5.0
+
+
+def temporal(planner=None):
+    clock = SimClock()
+    job = SimulatedJob(clock, UNIT_MS, 1000.0)
+    job.is_ready = True
+    controller = TemporalController(job, planner, SloTracker(TARGET_MS, 100), "test", clock=clock,
+                                    loop_overhead_ms=0.0)
+    return controller, clock
+
+
+def run_step(controller, clock, latency_ms, batch_size=4, kv_tokens=4000):
+    step = DecodeStep(0, batch_size, kv_tokens, clock())
+    controller.before_step(step)
+    clock.advance_ms(latency_ms)
+    step.latency_ms = latency_ms
+    controller.after_step(step)
+    return step
+
+
+@pytest.mark.parametrize("latency_ms", [3.0, 12.5, 33.0, 39.0])
+def test_the_slice_fills_the_measured_slack_and_never_overruns(latency_ms):
+    controller, clock = temporal()
+    controller.on_idle()
+    controller.on_idle()  # units of this kind are timed: the slice may admit them
+    run_step(controller, clock, 1.0)  # pays the idle wait
+    step = run_step(controller, clock, latency_ms)
+    assert step.is_slo_met and step.latency_ms + step.finetune_ms <= TARGET_MS
+    # A step longer than 70 % of the target halves the share of its slack the slice may fill (back-off).
+    share = 0.5 if latency_ms > 0.7 * TARGET_MS else 1.0
+    assert step.finetune_ms == pytest.approx(UNIT_MS * (share * (TARGET_MS - latency_ms) // UNIT_MS))
+    assert step.finetune_tokens == pytest.approx(step.finetune_ms)  # 1000 tokens/s
+
+
+def test_a_batch_arriving_during_an_idle_unit_is_charged_its_wait():
+    controller, clock = temporal()
+    assert controller.on_idle() == pytest.approx(UNIT_MS)  # tokens trained by one 5 ms unit at 1000/s
+    step = run_step(controller, clock, TARGET_MS - 2.0)
+    assert step.idle_wait_ms == pytest.approx(UNIT_MS)
+    assert not step.is_slo_met, "38 ms of decode after a 5 ms wait misses a 40 ms target"
+    assert controller.slo.snapshot()["violations"] == 1
+    assert controller.stats()["reaction"]["max_idle_wait_ms"] == pytest.approx(UNIT_MS)
+    later = run_step(controller, clock, 10.0)
+    assert later.idle_wait_ms == 0.0, "only the batch right after idle units waited"
+
+
+def test_temporal_and_spatial_controllers_share_one_interface_and_stats_shape():
+    profile = Profile.load(SHIPPED_PATH)
+    clock = SimClock()
+    job = SimulatedJob(clock, UNIT_MS, 1000.0)
+    job.is_ready = True
+    spatial = SimulatedSpatialController(job, SplitPlanner(profile, TARGET_MS), SloTracker(TARGET_MS, 100), "test",
+                                         lambda ft_sms: 10.0 * ft_sms, clock)
+    temporal_controller, temporal_clock = temporal(SplitPlanner(profile, TARGET_MS))
+    shapes = []
+    for controller, c in ((spatial, clock), (temporal_controller, temporal_clock)):
+        assert isinstance(controller, Controller)
+        step = run_step(controller, c, 8.0, batch_size=1, kv_tokens=100)
+        assert step.predicted_ms is not None and step.is_slo_met is not None
+        stats = controller.stats()
+        shapes.append((set(stats) - {"mode"}, set(stats["split"])))
+        assert stats["predictor"]["margin"]["device"] >= 1.0
+    assert shapes[0] == shapes[1]
+    assert spatial.stats()["mode"] == "spatial" and temporal_controller.stats()["mode"] == "temporal"
+
+
+def test_with_a_profile_units_are_sized_to_its_shortest_step():
+    profile = Profile.load(SHIPPED_PATH)
+    config = ServeConfig(admin=AdminConfig(), tpot_slo_ms=TARGET_MS, finetune=FinetuneSpec("job.yaml"))
+    controller = _build_controller(config, profile, False, None)
+    assert controller.job.spec.max_unit_ms == pytest.approx(SplitPlanner(profile, TARGET_MS).shortest_step_ms)
+    unprofiled = _build_controller(config, None, False, None)
+    assert unprofiled.job.spec.max_unit_ms == TARGET_MS / 4
+
+
+def test_before_any_unit_is_timed_the_slice_admits_units_where_twice_their_bound_fits():
+    """A worker that never idles still trains: units are cut to the job's bound (max_unit_ms), so an untimed
+    kind is estimated at twice it until two are timed, then at the quantile of their times."""
+    controller, clock = temporal()
+    step = run_step(controller, clock, 10.0)  # no idle turn before: nothing timed yet
+    assert step.finetune_ms == pytest.approx(UNIT_MS * ((TARGET_MS - 10.0) // UNIT_MS))
+    assert controller._next_unit_estimate_ms() == pytest.approx(UNIT_MS)
