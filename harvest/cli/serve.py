@@ -4,6 +4,10 @@ import argparse
 
 from harvest.config import AdminConfig, ServeConfig
 
+# FinetuneConfig fields as `harvest serve` spells them, for error messages.
+SERVE_FLAGS = {"num_window_layers": "--finetune-window-layers", "max_unit_ms": "--finetune-max-unit-ms",
+               "resume": "--finetune-resume"}
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -70,20 +74,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _finetune_spec(args: argparse.Namespace, model_path):
-    """Validate the finetune YAML up front (LlamaFactory's own parser; no model or data loaded)."""
+    """Check the whole job up front (harvest's job check; no model or data loaded): a bad job is an error
+    here, not a failed job inside a worker that took a minute to start."""
     if args.finetune is None:
         return None
     from harvest.colocation.finetune_job import FinetuneSpec
-    from harvest.finetune.llamafactory_job import LlamaFactoryJob
+    from harvest.finetune.job_validation import check_job, finetune_config
     from harvest.native.cuda_driver import has_real_driver
 
-    if args.tpot_slo_ms is None:
-        return FinetuneSpec(args.finetune)  # ServeConfig names the missing --tpot-slo-ms
-    LlamaFactoryJob.from_yaml(args.finetune)
+    if args.tpot_slo_ms is None or not args.tpot_slo_ms > 0:
+        return FinetuneSpec(args.finetune)  # ServeConfig names the missing or bad --tpot-slo-ms
+    max_unit_ms = args.finetune_max_unit_ms if args.finetune_max_unit_ms is not None else args.tpot_slo_ms / 4
+    config = finetune_config(SERVE_FLAGS, device="cuda" if has_real_driver() else "cpu", max_unit_ms=max_unit_ms,
+                             num_window_layers=args.finetune_window_layers, resume=args.finetune_resume)
+    check_job(args.finetune, config)
     return FinetuneSpec(
         yaml_path=args.finetune,
-        device="cuda" if has_real_driver() else "cpu",
-        max_unit_ms=args.finetune_max_unit_ms or args.tpot_slo_ms / 4,
-        num_window_layers=args.finetune_window_layers,
-        resume=args.finetune_resume,
+        device=config.device,
+        max_unit_ms=config.max_unit_ms,
+        num_window_layers=config.num_window_layers,
+        resume=config.resume,
     )

@@ -32,6 +32,7 @@ class FinetuneState(str, Enum):
 
 ACTIVE_PHASES = (FinetuneState.RUNNING, FinetuneState.STARVED, FinetuneState.WAITING)
 ENDED_PHASES = (FinetuneState.STOPPED, FinetuneState.FAILED, FinetuneState.FINISHED)
+HELD_MEMORY_STATS = ("window", "resident_layers", "resident_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +218,8 @@ class FinetuneJob:
             except Exception:  # noqa: BLE001 - a broken engine is dropped all the same
                 logger.exception("harvest: evicting the failed job's window")
         self.engine = None
+        # The last stats were taken while the window was resident: they must not outlive the memory.
+        self._stats = {k: v for k, v in self._stats.items() if k not in HELD_MEMORY_STATS}
         gc.collect()
         if device.startswith("cuda"):
             import torch

@@ -119,6 +119,9 @@ def check_supported(raw: dict[str, Any]) -> None:
         value = raw.get(key)
         if value not in (None, False, 0, 0.0, "", [], {}):
             raise HarvestError(f"{key}: {what} is not supported by harvest's layer-wise engine")
+    from harvest.finetune.job_validation import check_values
+
+    check_values(raw)
     if raw.get("template") is not None:
         _check_template(raw["template"])
     _check_dataset(raw["dataset"], raw.get("dataset_dir", "data"))
