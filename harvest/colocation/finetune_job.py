@@ -92,6 +92,8 @@ class FinetuneJob:
     def _build(self) -> None:
         try:
             self.engine = self._engine_factory(self.spec)
+            if self.spec.resume:
+                logger.info("harvest: finetune job resumed at step %d", self.engine.global_step)
             self._refresh_stats()
             self._phase = FinetuneState.RUNNING
         except Exception as e:  # noqa: BLE001 - any failure of the job must stay in the job
