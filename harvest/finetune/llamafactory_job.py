@@ -72,8 +72,11 @@ class LlamaFactoryJob:
             raise HarvestError(f"config file {str(path)!r} does not exist")
         try:
             raw = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise HarvestError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+        except yaml.YAMLError as e:  # PyYAML's own message spans several lines
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise HarvestError(f"config file {str(path)!r} is not valid YAML{where}: "
+                               f"{getattr(e, 'problem', None) or e}") from None
         if not isinstance(raw, dict):
             raise HarvestError(f"config file {str(path)!r} must be a YAML mapping of LlamaFactory keys")
         return cls.from_dict(raw, overrides, model_path, base_dir=path.parent)

@@ -7,6 +7,9 @@ import subprocess
 import sys
 import time
 
+# Imported before any test captures stderr: LlamaFactory's log handler keeps the stream it first saw, and
+# a closed capsys stream would print "--- Logging error ---" with a traceback into later tests' output.
+import llamafactory.hparams  # noqa: F401
 import pytest
 import yaml
 from conftest import free_port
@@ -65,13 +68,17 @@ BAD_JOBS = [
     ("learning_rate as text", {"learning_rate": "1e-3"}, "learning_rate: '1e-3' is not a number"),
     ("batch size zero", {"per_device_train_batch_size": 0}, "per_device_train_batch_size: 0 must be >= 1"),
     ("dataset missing", {"dataset": "no_such_dataset"}, "dataset: 'no_such_dataset' is not listed"),
-    ("output_dir not creatable", {"output_dir": "/etc/hostname/out"}, "output_dir: '/etc/hostname/out' cannot be"),
+    ("output_dir not creatable", {"output_dir": "{file}/out"}, "cannot be created: '{file}' is a file"),
     ("unsupported key", {"use_dora": False, "deepspeed": "ds.json"}, "deepspeed: DeepSpeed is not supported"),
 ]
 
 
 @pytest.mark.parametrize("case, overrides, expected", BAD_JOBS, ids=[c for c, _, _ in BAD_JOBS])
 def test_bad_job_values(capsys, job_dir, good_job, case, overrides, expected):
+    a_file = job_dir / "a-file"
+    a_file.write_text("")
+    overrides = {k: v.replace("{file}", str(a_file)) if isinstance(v, str) else v for k, v in overrides.items()}
+    expected = expected.replace("{file}", str(a_file))
     path = bad_job(job_dir, good_job, case.replace(" ", "_"), **overrides)
     assert expected in run_main(capsys, f"job YAML: {case} (finetune)", "finetune", path, "--quiet")
     line = run_main(capsys, f"job YAML: {case} (serve)", "serve", "--finetune", path, "--tpot-slo-ms", "100")
@@ -81,7 +88,7 @@ def test_bad_job_values(capsys, job_dir, good_job, case, overrides, expected):
 def test_job_file_that_is_not_yaml(capsys, job_dir):
     path = job_dir / "broken.yaml"
     path.write_text("lora_rank: [8\n")
-    assert "is not valid YAML" in run_main(capsys, "job YAML: not YAML", "finetune", str(path))
+    assert "is not valid YAML at line" in run_main(capsys, "job YAML: not YAML", "finetune", str(path))
 
 
 def test_resume_without_checkpoint(capsys, good_job):
@@ -104,8 +111,8 @@ def test_resume_without_checkpoint(capsys, good_job):
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_bad_flags(capsys, good_job, argv, expected):
     argv = [str(good_job) if a == "{job}" else a for a in argv]
-    line = run_main(capsys, "flag: " + " ".join(a if a.strip() else repr(a) for a in argv[1:] if a != str(good_job)),
-                    *argv)
+    shown = " ".join("CFG.yaml" if a == str(good_job) else a if a.strip() else repr(a) for a in argv)
+    line = run_main(capsys, f"flag: harvest {shown}", *argv)
     assert expected in line
 
 

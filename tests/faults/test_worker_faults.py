@@ -171,7 +171,8 @@ def sigterm_in_flight(chain, resumed):
     thread.join(60)
     gone_s, alive = wait_gone(processes, ORPHAN_BOUND_S)
     in_flight = sum(not isinstance(r, BaseException) and r[1] > started for r in results)
-    return {"code": code, "results": results, "in_flight": in_flight, "stop_s": stop_s, "alive": alive, "gone_s": gone_s,
+    return {"code": code, "results": results, "in_flight": in_flight, "stop_s": stop_s, "alive": alive,
+            "gone_s": gone_s,
             "ports_free": is_port_free(worker.port) and is_port_free(worker.admin_port),
             "last_logged_step": logged_steps(output_dir)[-1], "checkpoints": checkpoint_steps(output_dir)}
 
