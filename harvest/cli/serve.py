@@ -87,7 +87,7 @@ def _finetune_spec(args: argparse.Namespace, model_path):
     max_unit_ms = args.finetune_max_unit_ms if args.finetune_max_unit_ms is not None else args.tpot_slo_ms / 4
     config = finetune_config(SERVE_FLAGS, device="cuda" if has_real_driver() else "cpu", max_unit_ms=max_unit_ms,
                              num_window_layers=args.finetune_window_layers, resume=args.finetune_resume)
-    check_job(args.finetune, config)
+    check_job(args.finetune, config, resume_flag=SERVE_FLAGS["resume"])
     return FinetuneSpec(
         yaml_path=args.finetune,
         device=config.device,

@@ -53,10 +53,10 @@ def finetune_config(flag_names: dict[str, str], **values) -> FinetuneConfig:
 
 
 def check_job(yaml_path: str | Path, config: FinetuneConfig, overrides: dict[str, Any] | None = None,
-              model_path: str | None = None) -> LlamaFactoryJob:
+              model_path: str | None = None, resume_flag: str = "--resume") -> LlamaFactoryJob:
     """Parse and check the whole job; returns the parsed job (LlamaFactory's own parse runs once)."""
     job = LlamaFactoryJob.from_yaml(yaml_path, overrides, model_path)
-    check_output_dir(job, config.resume)
+    check_output_dir(job, config.resume, resume_flag)
     return job
 
 
@@ -71,7 +71,7 @@ def check_values(raw: dict[str, Any]) -> None:
             raise HarvestError(f"{key}: {raw[key]!r} must be {what}")
 
 
-def check_output_dir(job: LlamaFactoryJob, resume: bool) -> None:
+def check_output_dir(job: LlamaFactoryJob, resume: bool, resume_flag: str = "--resume") -> None:
     output_dir = job.output_dir
     if output_dir.exists() and not output_dir.is_dir():
         raise HarvestError(f"output_dir: {str(output_dir)!r} exists and is not a directory")
@@ -82,10 +82,10 @@ def check_output_dir(job: LlamaFactoryJob, resume: bool) -> None:
         raise HarvestError(f"output_dir: {str(output_dir)!r} cannot be created: {str(ancestor)!r} is not writable")
     has_checkpoint = output_dir.is_dir() and CheckpointStore(output_dir).latest() is not None
     if resume and not has_checkpoint:
-        raise HarvestError(f"--resume: no harvest checkpoint in output_dir {str(output_dir)!r}")
+        raise HarvestError(f"{resume_flag}: no harvest checkpoint in output_dir {str(output_dir)!r}")
     if not resume and has_checkpoint and not job.raw.get("overwrite_output_dir", False):
         raise HarvestError(f"output_dir: {str(output_dir)!r} holds checkpoints of an earlier run; "
-                           "pass --resume to continue it or set overwrite_output_dir: true")
+                           f"pass {resume_flag} to continue it or set overwrite_output_dir: true")
 
 
 def _check_device(device: str, flag: str) -> None:

@@ -93,7 +93,10 @@ def test_job_file_that_is_not_yaml(capsys, job_dir):
 
 def test_resume_without_checkpoint(capsys, good_job):
     line = run_main(capsys, "job YAML: --resume without a checkpoint", "finetune", str(good_job), "--resume")
-    assert "no harvest checkpoint in output_dir" in line
+    assert line.startswith("harvest finetune: error: --resume: no harvest checkpoint in output_dir"), line
+    line = run_main(capsys, "job YAML: --finetune-resume without a checkpoint", "serve", "--finetune", str(good_job),
+                    "--tpot-slo-ms", "100", "--finetune-resume")
+    assert line.startswith("harvest serve: error: --finetune-resume: no harvest checkpoint in output_dir"), line
 
 
 @pytest.mark.parametrize("argv, expected", [
