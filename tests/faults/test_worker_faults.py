@@ -1,7 +1,7 @@
 """Faults of a running `harvest serve` with a LoRA job, measured: kill -9 of the whole tree then resume,
-SIGTERM with requests in flight, the job crashing under load, kill -9 of the supervisor alone.
+SIGTERM with requests in flight, kill -9 of the supervisor alone, the job crashing under load.
 
-Three workers in a chain share one job's output_dir (each resumes what the one before left), so the
+Four workers in a chain share one job's output_dir (each resumes what the one before left), so the
 suite starts as few workers as the cases allow."""
 
 import asyncio
@@ -72,10 +72,12 @@ def logged_steps(output_dir) -> list[int]:
     return [json.loads(line)["step"] for line in (output_dir / "finetune_log.jsonl").read_text().splitlines()]
 
 
-def resumed_at_step(worker: WorkerProcess) -> int:
-    """The step the job resumed from, as the worker logged it once built."""
-    match = re.search(r"finetune job resumed at step (\d+)", worker.log_path.read_text())
-    assert match, f"the job did not resume; log: {worker.log_path}"
+def resumed_at_step(worker: WorkerProcess, timeout_s: float = 120.0) -> int:
+    """The step the job resumed from, as the worker logs it once the job is built (after /health answers)."""
+    deadline = time.monotonic() + timeout_s
+    while not (match := re.search(r"finetune job resumed at step (\d+)", worker.log_path.read_text())):
+        assert time.monotonic() < deadline, f"the job did not resume; log: {worker.log_path}"
+        time.sleep(0.2)
     return int(match.group(1))
 
 
@@ -192,11 +194,45 @@ def test_sigterm_with_requests_in_flight(sigterm_in_flight):
 
 
 @pytest.fixture(scope="module")
-def crashed_under_load(chain, sigterm_in_flight):
-    """W3 resumes what SIGTERM saved; under a burst its output_dir turns into a file, so the job's next
-    write fails: a crash from outside, mid-run."""
+def supervisor_killed(chain, sigterm_in_flight):
+    """W3 resumes what SIGTERM saved, trains on, and its supervisor alone gets SIGKILL: the worker must
+    notice, checkpoint the job and take its whole tree down."""
     tmp_path, model_dir, job, output_dir = chain
     worker = start(tmp_path, model_dir, job, "w3", "--finetune-resume")
+    resumed_step = resumed_at_step(worker)
+    wait_for_stats(worker.admin_url, lambda s: s["finetune"].get("step", 0) >= resumed_step + 1, "a step")
+    processes = tree(worker)
+    worker.proc.kill()
+    worker.proc.wait()
+    gone_s, alive = wait_gone(processes, ORPHAN_BOUND_S)
+    return {"worker": worker, "resumed_step": resumed_step, "processes": processes, "alive": alive,
+            "gone_s": gone_s, "ports_free": is_port_free(worker.port) and is_port_free(worker.admin_port),
+            "last_logged_step": logged_steps(output_dir)[-1], "checkpoints": checkpoint_steps(output_dir)}
+
+
+def test_sigterm_checkpoint_resumes_where_it_stopped(sigterm_in_flight, supervisor_killed):
+    assert supervisor_killed["resumed_step"] == sigterm_in_flight["last_logged_step"]
+
+
+def test_kill_9_of_the_supervisor_leaves_no_process(supervisor_killed):
+    r = supervisor_killed
+    record("kill -9 of the supervisor", processes=len(r["processes"]), processes_left=len(r["alive"]),
+           all_gone_s=round(r["gone_s"], 1), bound_s=ORPHAN_BOUND_S, ports_free=r["ports_free"],
+           checkpoint_step=r["checkpoints"][-1], last_step=r["last_logged_step"],
+           steps_lost=r["last_logged_step"] - r["checkpoints"][-1])
+    assert len(r["processes"]) >= 4, "supervisor, SGLang server, scheduler, detokenizer"
+    assert not r["alive"], [p.pid for p in r["alive"]]
+    assert r["ports_free"]
+    assert "the supervisor" in r["worker"].log_path.read_text()
+    assert r["checkpoints"][-1] == r["last_logged_step"], "the worker checkpointed the job before it stopped"
+
+
+@pytest.fixture(scope="module")
+def crashed_under_load(chain, supervisor_killed):
+    """W4 resumes what the orphaned worker saved; under a burst its output_dir turns into a file, so the
+    job's next write fails: a crash from outside, mid-run."""
+    tmp_path, model_dir, job, output_dir = chain
+    worker = start(tmp_path, model_dir, job, "w4", "--finetune-resume")
     wait_for_stats(worker.admin_url, is_training, "the job")
     thread, results = burst_in_background(worker.url, seed=200)
     wait_for_stats(worker.admin_url, lambda s: s["decode"]["decode_tokens"] > 0, "the burst decoding", 60)
@@ -213,9 +249,9 @@ def crashed_under_load(chain, sigterm_in_flight):
     worker.stop(signal.SIGKILL)
 
 
-def test_sigterm_checkpoint_resumes_where_it_stopped(sigterm_in_flight, crashed_under_load):
+def test_supervisor_kill_checkpoint_resumes_where_it_stopped(supervisor_killed, crashed_under_load):
     worker, *_ = crashed_under_load
-    assert resumed_at_step(worker) == sigterm_in_flight["last_logged_step"]
+    assert resumed_at_step(worker) == supervisor_killed["last_logged_step"]
 
 
 def test_a_finetune_crash_fails_no_request(crashed_under_load):
@@ -229,18 +265,3 @@ def test_a_finetune_crash_fails_no_request(crashed_under_load):
     assert failed["finetune"]["state"] == "failed", failed["finetune"]
     assert completed == len(results) == 2 * NUM_REQUESTS, results
     assert "resident_bytes" not in after["finetune"] and "resident_layers" not in after["finetune"]
-
-
-def test_kill_9_of_the_supervisor_leaves_no_process(crashed_under_load):
-    worker, *_ = crashed_under_load
-    processes = tree(worker)
-    assert len(processes) >= 4, "supervisor, SGLang server, scheduler, detokenizer"
-    worker.proc.kill()
-    worker.proc.wait()
-    gone_s, alive = wait_gone(processes, ORPHAN_BOUND_S)
-    ports_free = is_port_free(worker.port) and is_port_free(worker.admin_port)
-    record("kill -9 of the supervisor", processes=len(processes), processes_left=len(alive),
-           all_gone_s=round(gone_s, 1), bound_s=ORPHAN_BOUND_S, ports_free=ports_free)
-    assert not alive, [p.pid for p in alive]
-    assert ports_free
-    assert "the supervisor" in worker.log_path.read_text()
