@@ -19,6 +19,10 @@ class AdminConfig:
     def __post_init__(self):
         if not 0 < self.port < 65536:
             raise HarvestError(f"--admin-port {self.port} is not a TCP port (1-65535)")
+        if self.token is not None and not self.token.strip():
+            raise HarvestError("--admin-token is empty: an empty token would leave the admin API open")
+        if self.token is not None and self.token != self.token.strip():
+            raise HarvestError("--admin-token starts or ends with whitespace, which no HTTP header can carry")
         if self.token is None and not is_loopback(self.host):
             raise HarvestError(
                 f"--admin-host {self.host} is reachable from other machines: set --admin-token too"

@@ -154,16 +154,16 @@ def _build_controller(config: ServeConfig, profile, is_spatial: bool, lender):
     from harvest.colocation import FinetuneJob, TemporalController
     from harvest.colocation.slo_tracker import SloTracker
 
-    spec = config.finetune
-    if spec.max_unit_ms is None:
+    finetune_config = config.finetune
+    if finetune_config.max_unit_ms is None:
         # With a profile, a unit no longer than the shortest decode step: a pause (or a batch arriving while
         # the device is idle and finetuning) takes effect within one step.
         from predictor import SplitPlanner
 
         max_unit_ms = (config.tpot_slo_ms / 4 if profile is None
                        else SplitPlanner(profile, config.tpot_slo_ms).shortest_step_ms)
-        spec = dataclasses.replace(spec, max_unit_ms=max_unit_ms)
-    job = FinetuneJob(spec, weight_memory=None if lender is None else lender.weight_memory)
+        finetune_config = dataclasses.replace(finetune_config, max_unit_ms=max_unit_ms)
+    job = FinetuneJob(finetune_config, weight_memory=None if lender is None else lender.weight_memory)
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
     if profile is None:
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "

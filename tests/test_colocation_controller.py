@@ -4,7 +4,7 @@ fits the measured slack, the idle-unit wait is charged to the batch that waited,
 import pytest
 
 from harvest.colocation.controller import Controller
-from harvest.colocation.finetune_job import FinetuneSpec
+from harvest.finetune import FinetuneConfig
 from harvest.colocation.slo_tracker import SloTracker
 from harvest.colocation.temporal_controller import TemporalController
 from harvest.config import AdminConfig, ServeConfig
@@ -88,7 +88,7 @@ def test_temporal_and_spatial_controllers_share_one_interface_and_stats_shape():
 
 def test_with_a_profile_units_are_sized_to_its_shortest_step():
     profile = Profile.load(SHIPPED_PATH)
-    config = ServeConfig(admin=AdminConfig(), tpot_slo_ms=TARGET_MS, finetune=FinetuneSpec("job.yaml"))
+    config = ServeConfig(admin=AdminConfig(), tpot_slo_ms=TARGET_MS, finetune=FinetuneConfig(yaml_path="job.yaml"))
     controller = _build_controller(config, profile, False, None)
     assert controller.job.spec.max_unit_ms == pytest.approx(SplitPlanner(profile, TARGET_MS).shortest_step_ms)
     unprofiled = _build_controller(config, None, False, None)

@@ -37,6 +37,7 @@ def build_job(tmp_path, fail_at_unit: int | None = None) -> FinetuneJob:
 def test_failure_mid_run_is_contained(tmp_path):
     job = build_job(tmp_path, fail_at_unit=7)
     assert job.state.value == "running", job.error
+    assert "resident_bytes" in job.stats()
     results = [job.run_unit() for _ in range(6)]
     assert all(r is not None for r in results)
     job.poll()
@@ -45,6 +46,7 @@ def test_failure_mid_run_is_contained(tmp_path):
     assert job.state.value == "failed" and "injected finetune fault" in job.error
     assert job.engine is None  # its memory is released
     job.poll()
+    assert not {"window", "resident_layers", "resident_bytes"} & job.stats().keys(), "stats report released memory"
     assert not job.has_ready_work()
     with pytest.raises(HarvestError, match="failed"):
         job.resume()

@@ -24,6 +24,12 @@ BAD = {
     "dataset_dir": ({"dataset_dir": "/nonexistent/data"}, "dataset_dir: '/nonexistent/data'"),
     "missing_dataset": ({"dataset": None}, "dataset: missing"),
     "llamafactory_check": ({"no_such_key": 1}, "LlamaFactory rejected the config"),
+    # LlamaFactory's parser lets these through; the job would fail inside the worker (issue 18).
+    "lora_rank_type": ({"lora_rank": "eight"}, "lora_rank: 'eight' is not an integer"),
+    "lora_rank_range": ({"lora_rank": -1}, "lora_rank: -1 must be >= 1"),
+    "learning_rate_text": ({"learning_rate": "1e-3"}, "learning_rate: '1e-3' is not a number"),
+    "lora_dropout_range": ({"lora_dropout": 1.0}, "lora_dropout: 1.0 must be in [0, 1)"),
+    "bool_type": ({"bf16": "yes"}, "bf16: 'yes' is not true or false"),
 }
 
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import yaml
 from conftest import free_port, wait_for_stats
-
+from faults.figures import record
 from harvest.finetune.demo.make_dataset import DATASET_NAME, DEMO_DIR
 from harvest.worker.client import generate_prefilled, read_stats
 from harvest.worker.process import WorkerProcess
@@ -68,6 +68,10 @@ def test_greedy_outputs_are_the_same_with_kv_lent_and_reclaimed(tiny_model_dir, 
     assert before["memory"]["kv_lending"] == "on"
     top_chunk_first_slot = (memory["chunks_total"] - 2) * 1024
     assert NUM_REQUESTS * (INPUT_LEN + MAX_NEW_TOKENS) > top_chunk_first_slot, "the burst must reach lent chunks"
+    record("KV burst with lending", requests=NUM_REQUESTS,
+           requests_failed=sum(len(o) != MAX_NEW_TOKENS for o in outputs),
+           outputs_equal_no_kv_lending=outputs == reference,
+           chunks_reclaimed=memory["num_reclaimed_chunks"], job_state=after["finetune"]["state"])
     assert memory["num_reclaimed_chunks"] > 0, f"the burst never needed lent KV back: {memory}"
     assert [len(o) for o in outputs] == [MAX_NEW_TOKENS] * NUM_REQUESTS
     assert outputs == reference

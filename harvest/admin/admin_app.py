@@ -51,7 +51,8 @@ def create_admin_app(runtime) -> FastAPI:
         if token is None:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
+        given = given.strip()
+        if scheme.lower() != "bearer" or not given or not secrets.compare_digest(given.encode(), token.encode()):
             raise HTTPException(401, "this endpoint needs the header `Authorization: Bearer <admin token>`",
                                 headers={"WWW-Authenticate": "Bearer"})
 

@@ -10,6 +10,10 @@ import yaml
 
 from base.errors import HarvestError
 
+# FinetuneConfig fields as `harvest finetune` spells them, for error messages.
+FINETUNE_FLAGS = {"num_window_layers": "--window", "max_unit_ms": "--max-unit-ms", "device": "--device",
+                  "resume": "--resume"}
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("finetune", help="train a LoRA adapter from a LlamaFactory YAML, alone")
@@ -49,22 +53,23 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
     import torch
 
-    from harvest.finetune import FinetuneConfig, FinetuneEngine
+    from harvest.finetune import FinetuneEngine
+    from harvest.finetune.job_validation import check_job, finetune_config
 
     if args.num_threads is not None:
         if args.num_threads < 1:
             raise HarvestError(f"--num-threads must be >= 1, got {args.num_threads}")
         torch.set_num_threads(args.num_threads)
 
-    try:
-        config = FinetuneConfig(
-            device=args.device, num_window_layers=args.window, max_unit_ms=args.max_unit_ms, resume=args.resume
-        )
-    except ValueError as e:
-        raise HarvestError(str(e)) from None
+    config = finetune_config(FINETUNE_FLAGS, device=args.device, num_window_layers=args.window,
+                             max_unit_ms=args.max_unit_ms, resume=args.resume)
+    job = check_job(args.config, config, parse_overrides(args), model_path=args.model_path)
     # LlamaFactory prints its first training example on stdout; keep stdout for results.
     with contextlib.redirect_stdout(sys.stderr):
-        engine = FinetuneEngine.from_yaml(args.config, parse_overrides(args), config, model_path=args.model_path)
+        try:
+            engine = FinetuneEngine(job, config)
+        except ValueError as e:  # what only the loaded model reveals, e.g. a lora_target naming no module
+            raise HarvestError(f"the job could not be built: {e}") from None
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     was_finished = engine.is_finished
     try:

@@ -4,6 +4,10 @@ import argparse
 
 from harvest.config import AdminConfig, ServeConfig
 
+# FinetuneConfig fields as `harvest serve` spells them, for error messages.
+SERVE_FLAGS = {"num_window_layers": "--finetune-window-layers", "max_unit_ms": "--finetune-max-unit-ms",
+               "resume": "--finetune-resume"}
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     model_path = resolve_model_path(args.model_path)
     config = ServeConfig(
         admin=AdminConfig(host=args.admin_host, port=args.admin_port, token=args.admin_token),
-        finetune=_finetune_spec(args, model_path),
+        finetune=_finetune_config(args, model_path),
         tpot_slo_ms=args.tpot_slo_ms,
         profile_path=args.profile,
         kv_lending=not args.no_kv_lending,
@@ -78,28 +82,23 @@ def run(args: argparse.Namespace) -> int:
     return supervise(server_args, config, is_cpu_host)
 
 
-def _finetune_spec(args: argparse.Namespace, model_path):
-    """Validate the finetune YAML up front (LlamaFactory's own parser; no model or data loaded)."""
+def _finetune_config(args: argparse.Namespace, model_path):
+    """Check the whole job up front (harvest's job check; no model or data loaded): a bad job is an error
+    here, not a failed job inside a worker that took a minute to start."""
     if args.finetune is None:
         return None
     from base.cuda_driver import has_real_driver
-    from base.errors import HarvestError
     from harvest.finetune import FinetuneConfig
-    from harvest.finetune.llamafactory_args import LlamaFactoryArgs
+    from harvest.finetune.job_validation import check_job, finetune_config
 
-    if args.tpot_slo_ms is None:
-        return FinetuneConfig(yaml_path=args.finetune)  # ServeConfig names the missing --tpot-slo-ms
-    LlamaFactoryArgs.from_yaml(args.finetune)
-    try:
-        return FinetuneConfig(
-            yaml_path=args.finetune,
-            device="cuda" if has_real_driver() else "cpu",
-            max_unit_ms=args.finetune_max_unit_ms,
-            num_window_layers=args.finetune_window_layers,
-            resume=args.finetune_resume,
-        )
-    except ValueError as e:  # FinetuneConfig names the field; say it as the flag
-        raise HarvestError(f"--finetune-*: {e}") from None
+    if args.tpot_slo_ms is None or not args.tpot_slo_ms > 0:
+        return FinetuneConfig(yaml_path=args.finetune)  # ServeConfig names the missing or bad --tpot-slo-ms
+    # max_unit_ms None: the controller sizes units from the profile (or a quarter of the target without one).
+    config = finetune_config(SERVE_FLAGS, yaml_path=args.finetune, device="cuda" if has_real_driver() else "cpu",
+                             max_unit_ms=args.finetune_max_unit_ms, num_window_layers=args.finetune_window_layers,
+                             resume=args.finetune_resume)
+    check_job(args.finetune, config, resume_flag=SERVE_FLAGS["resume"])
+    return config
 
 
 def _check_profile(path: str, allow_synthetic: bool) -> None:

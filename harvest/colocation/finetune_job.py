@@ -32,6 +32,7 @@ class FinetuneState(str, Enum):
 
 ACTIVE_PHASES = (FinetuneState.RUNNING, FinetuneState.STARVED, FinetuneState.WAITING)
 ENDED_PHASES = (FinetuneState.STOPPED, FinetuneState.FAILED, FinetuneState.FINISHED)
+HELD_MEMORY_STATS = ("window", "resident_layers", "resident_bytes")
 
 
 class FinetuneJob:
@@ -85,6 +86,8 @@ class FinetuneJob:
             self.engine = self._engine_factory(self.config)
             args = self.engine.llamafactory.training_args
             self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            if self.config.resume:
+                logger.info("harvest: finetune job resumed at step %d", self.engine.global_step)
             self._refresh_stats()
             self._phase = FinetuneState.RUNNING
             self._refresh_readiness()
@@ -119,8 +122,8 @@ class FinetuneJob:
 
     @property
     def max_unit_ms(self) -> float | None:
-        """What units are sized to stay under (the spec's bound; None: not split on time)."""
-        return self.spec.max_unit_ms
+        """What units are sized to stay under (the config's bound; None: not split on time)."""
+        return self.config.max_unit_ms
 
     def next_unit_kind(self) -> str:
         return self.engine.next_unit_kind()
@@ -229,6 +232,8 @@ class FinetuneJob:
             except Exception:  # noqa: BLE001 - a broken engine is dropped all the same
                 logger.exception("harvest: evicting the failed job's window")
         self.engine = None
+        # The last stats were taken while the window was resident: they must not outlive the memory.
+        self._stats = {k: v for k, v in self._stats.items() if k not in HELD_MEMORY_STATS}
         gc.collect()
         if device.startswith("cuda"):
             import torch

@@ -72,8 +72,11 @@ class LlamaFactoryArgs:
             raise HarvestError(f"config file {str(path)!r} does not exist")
         try:
             raw = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise HarvestError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+        except yaml.YAMLError as e:  # PyYAML's own message spans several lines
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise HarvestError(f"config file {str(path)!r} is not valid YAML{where}: "
+                               f"{getattr(e, 'problem', None) or e}") from None
         if not isinstance(raw, dict):
             raise HarvestError(f"config file {str(path)!r} must be a YAML mapping of LlamaFactory keys")
         return cls.from_dict(raw, overrides, model_path, base_dir=path.parent)
@@ -119,6 +122,9 @@ def check_supported(raw: dict[str, Any]) -> None:
         value = raw.get(key)
         if value not in (None, False, 0, 0.0, "", [], {}):
             raise HarvestError(f"{key}: {what} is not supported by harvest's layer-wise engine")
+    from harvest.finetune.job_validation import check_values
+
+    check_values(raw)
     if raw.get("template") is not None:
         _check_template(raw["template"])
     _check_dataset(raw["dataset"], raw.get("dataset_dir", "data"))

@@ -3,13 +3,18 @@
 SGLang's server ends a SIGTERM drain by SIGKILLing its own process tree (exit -9), and a terminal's
 Ctrl-C reaches every process in the group at once. The supervisor puts the worker in its own session,
 turns SIGTERM and SIGINT into one orderly SIGTERM to it, waits for the drain, reaps every descendant,
-and exits 0, so an operator or systemd sees a clean stop and no orphan.
+and exits 0, so an operator or systemd sees a clean stop and no orphan. If the supervisor itself dies
+(kill -9, OOM killer), a watchdog thread in the worker notices, has the job checkpoint and stops the worker
+the same way; SGLang's scheduler and detokenizer die with the worker (they set PR_SET_PDEATHSIG).
 """
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import signal
+import threading
+import time
 
 import psutil
 
@@ -17,13 +22,14 @@ from harvest.config import ServeConfig
 
 logger = logging.getLogger(__name__)
 
-DRAIN_TIMEOUT_S = 60.0
-FINETUNE_STOP_TIMEOUT_S = 120.0  # one unit to finish plus writing the adapter and optimizer state  # SGLang polls its drain every 5 s; a few in-flight requests finish well within this
+DRAIN_TIMEOUT_S = 60.0  # SGLang polls its drain every 5 s; a few in-flight requests finish well within this
+FINETUNE_STOP_TIMEOUT_S = 120.0  # one unit to finish plus writing the adapter and optimizer state
+PARENT_POLL_S = 0.5
 
 
 def supervise(server_args, config: ServeConfig, is_cpu_host: bool) -> int:
     worker = multiprocessing.get_context("spawn").Process(
-        target=_run_worker, args=(server_args, config, is_cpu_host), name="harvest-worker"
+        target=_run_worker, args=(server_args, config, is_cpu_host, os.getpid()), name="harvest-worker"
     )
     worker.start()
     stopping = []
@@ -63,11 +69,30 @@ def _checkpoint_finetune(config: ServeConfig) -> None:
         logger.error("harvest: could not checkpoint the finetune job before shutdown: %s", e)
 
 
-def _run_worker(server_args, config: ServeConfig, is_cpu_host: bool) -> None:
+def _run_worker(server_args, config: ServeConfig, is_cpu_host: bool, supervisor_pid: int) -> None:
     os.setsid()  # terminal signals go to the supervisor only
+    threading.Thread(target=_stop_when_orphaned, args=(supervisor_pid, config), name="harvest-orphan-watchdog",
+                     daemon=True).start()
     from harvest.sglang.launcher import launch
 
     launch(server_args, config, is_cpu_host)
+
+
+def _stop_when_orphaned(supervisor_pid: int, config: ServeConfig) -> None:
+    """In the worker: once the supervisor is gone (the worker was re-parented), do what its SIGTERM would
+    have done: checkpoint the job, then SGLang's own drain, which ends by killing the worker's tree. A
+    drain that hangs is cut short with SIGKILL to the tree; nobody is left to wait for it."""
+    while os.getppid() == supervisor_pid:
+        time.sleep(PARENT_POLL_S)
+    logger.error("harvest: the supervisor (pid %d) is gone; stopping the worker", supervisor_pid)
+    if config.finetune is not None:
+        _checkpoint_finetune(config)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(DRAIN_TIMEOUT_S)
+    for process in _descendants(os.getpid()):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
