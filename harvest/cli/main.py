@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES = {
     "replay": "harvest.cli.replay",
     "bench": "harvest.cli.bench",
     "model": "harvest.cli.model",
+    "bundle": "harvest.cli.bundle",
 }
 
 
