@@ -83,8 +83,10 @@ def test_trimmed_sglang_kernel_keeps_one_arch_and_no_fa3(bundle, tmp_path):
     subprocess.run(["bash", "-c", f"cat {out_dir}/*.part* | tar -x -C {tmp_path}"], check=True)
     kernel = next(tmp_path.glob("wheels/sglang_kernel-*.whl"))
     names = zipfile.ZipFile(kernel).namelist()
-    assert "sgl_kernel/sm90/common_ops.abi3.so" in names and "sgl_kernel/spatial_ops.abi3.so" in names
-    assert not [n for n in names if "flash_ops" in n or "/sm100/" in n or n.startswith("lib/")]
+    # One common_ops, at the loader's fallback path, so it loads on the H100 and on this CPU host alike.
+    assert [n for n in names if "common_ops" in n] == ["sgl_kernel/common_ops.abi3.so"]
+    assert "sgl_kernel/spatial_ops.abi3.so" in names
+    assert not [n for n in names if "flash_ops" in n or "/sm" in n or n.startswith("lib/")]
     sglang = next(tmp_path.glob("wheels/sglang-*.whl"))
     assert not [n for n in zipfile.ZipFile(sglang).namelist() if n.endswith(".so")]
 

@@ -24,9 +24,10 @@ from packaging import tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from harvest.bundle.gpu_image import IMAGE_DISTRIBUTIONS, IMAGE_VERSIONS, NEVER_CARRIED
+from harvest.bundle.gpu_image import IMAGE_DISTRIBUTIONS, IMAGE_VERSIONS, KEPT_FROM_IMAGE, NEVER_CARRIED
 from harvest.bundle.import_set import RUNTIME_IMPORTS_FILE
-from harvest.bundle.wheel_repack import parse_wheel_name, repack_wheel, sglang_drop, sglang_kernel_drop
+from harvest.bundle.wheel_repack import (parse_wheel_name, repack_wheel, sglang_drop, sglang_kernel_drop,
+                                         sglang_kernel_rename)
 from harvest.errors import HarvestError
 
 PART_BYTES = 60 * 2**20
@@ -41,7 +42,15 @@ GPU_ONLY = {
     "flashinfer-python": "SGLang's default CUDA attention and sampling backend; JIT-compiles with the host's nvcc",
     "apache-tvm-ffi": "flashinfer's and sglang's FFI layer (sglang pins 0.1.9)",
 }
+LEFT_OUT = {
+    "av": "llamafactory imports PyAV only when installed (video inputs); 39 MB",
+    "xgrammar": "structured output: sglang imports it for its grammar backend, which a worker started with "
+                "--skip-tokenizer-init or --grammar-backend none never builds; 43 MB",
+}
+"""Imported in the recorded runs but optional; left out so two transfers carry the bundle (--extra adds one back)."""
 PURE_SGLANG_TAG = "py3-none-any"
+SGLANG_PYTHON, SGLANG_GLIBC_MINOR = "3.11", 34
+"""sglang 0.5.12 publishes one wheel, cp311-cp311-manylinux_2_34_x86_64."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +78,7 @@ def carried_distributions(recorded: dict[str, str]) -> dict[str, dict]:
     GPU, or in the image at a version a carried wheel's requirement excludes (fixed point, see _conflicts)."""
     carried = {}
     for name, version in recorded.items():
-        if name in NEVER_CARRIED or name.startswith("nvidia-"):
+        if name in NEVER_CARRIED or name in LEFT_OUT or name.startswith("nvidia-"):
             continue
         if name not in IMAGE_DISTRIBUTIONS:
             carried[name] = {"version": version, "why": "imported at run time, not in the image"}
@@ -100,8 +109,10 @@ def build_bundle(spec: BundleSpec) -> dict:
         payload_sha256 = _sha256(payload)
         payload_bytes = payload.stat().st_size
     shutil.copy(Path(__file__).with_name(INSTALLER_NAME), out_dir / INSTALLER_NAME)
+    # torch (and what it pulls: triton, nvidia-*) the twin installs on its own, as the image has it.
     image_provides = {name: version for name, version in recorded.items()
-                      if name in IMAGE_DISTRIBUTIONS and name not in carried and not name.startswith("nvidia-")}
+                      if name in IMAGE_DISTRIBUTIONS and name not in carried and name not in NEVER_CARRIED
+                      and not name.startswith("nvidia-")}
     manifest = {
         "target": {"python": spec.python_version, "platform": spec.platform, "gpu_arch": spec.gpu_arch},
         "payload": {"name": PAYLOAD_NAME, "bytes": payload_bytes, "sha256": payload_sha256},
@@ -109,6 +120,7 @@ def build_bundle(spec: BundleSpec) -> dict:
         "wheels": wheels,
         "image_provides": image_provides,
         "conflicts_resolved": downloaded["conflicts"],
+        "left_out": LEFT_OUT,
         "native": "native/: csrc sources and the libraries built here; the installer rebuilds where make and cc exist",
     }
     (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -129,7 +141,7 @@ def _download(spec: BundleSpec, carried: dict, recorded: dict, wheels_dir: Path)
         for name in pending:
             for req in _wheel_requirements(_cached_wheel(spec, name, pending[name]), spec.python_version):
                 dep = canonicalize_name(req.name)
-                if dep in requirements or dep in NEVER_CARRIED or dep not in IMAGE_DISTRIBUTIONS:
+                if dep in requirements or dep in NEVER_CARRIED | KEPT_FROM_IMAGE or dep not in IMAGE_DISTRIBUTIONS:
                     continue
                 if _image_fails(dep, req):
                     version = recorded.get(dep) or _installed_version(dep)
@@ -137,10 +149,10 @@ def _download(spec: BundleSpec, carried: dict, recorded: dict, wheels_dir: Path)
                     requirements[dep] = version
                     carried[dep] = {"version": version, "why": f"image version excluded: {conflicts[dep]}"}
     # sglang publishes a cp311 wheel only; it is pure Python but for the gRPC module, repacked below.
-    _pip_download(spec, [f"sglang=={PINNED['sglang']}"], "3.11")
+    _pip_download(spec, [f"sglang=={PINNED['sglang']}"], SGLANG_PYTHON)
     for name, version in requirements.items():
         shutil.copy(_cached_wheel(spec, name, version), wheels_dir)
-    shutil.copy(_cached_wheel(spec, "sglang", PINNED["sglang"], "3.11"), wheels_dir)
+    shutil.copy(_cached_wheel(spec, "sglang", PINNED["sglang"], SGLANG_PYTHON), wheels_dir)
     return {"conflicts": conflicts}
 
 
@@ -158,7 +170,7 @@ def _pip_download(spec: BundleSpec, requirements: list[str], python_version: str
     spec.cache_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                "--python-version", python_version, "--implementation", "cp", "-d", str(spec.cache_dir)]
-    for platform in _platforms(spec):
+    for platform in _platforms(spec, python_version):
         command += ["--platform", platform]
     out = subprocess.run(command + requirements, capture_output=True, text=True)
     if out.returncode != 0:
@@ -169,8 +181,9 @@ def _pip_download(spec: BundleSpec, requirements: list[str], python_version: str
 def _cached_wheel(spec: BundleSpec, name: str, version: str, python_version: str | None = None) -> Path:
     """The downloaded wheel of name==version that installs on the target (the cache holds other Pythons' too)."""
     major, minor = map(int, (python_version or spec.python_version).split("."))
-    supported = set(tags.cpython_tags((major, minor), platforms=_platforms(spec)))
-    supported |= set(tags.compatible_tags((major, minor), platforms=_platforms(spec)))
+    platforms = _platforms(spec, python_version)
+    supported = set(tags.cpython_tags((major, minor), platforms=platforms))
+    supported |= set(tags.compatible_tags((major, minor), platforms=platforms))
     for path in sorted(spec.cache_dir.glob("*.whl")):
         dist, wheel_version, _, wheel_tags = parse_wheel_filename(path.name)
         if dist == name and str(wheel_version) == str(Version(version)) and wheel_tags & supported:
@@ -179,9 +192,10 @@ def _cached_wheel(spec: BundleSpec, name: str, version: str, python_version: str
                        f"in {spec.cache_dir} after pip download")
 
 
-def _platforms(spec: BundleSpec) -> list[str]:
-    """pip and packaging match manylinux tags exactly: name every glibc the target's covers."""
-    glibc_minor = int(spec.platform.split("_")[2])
+def _platforms(spec: BundleSpec, python_version: str | None = None) -> list[str]:
+    """pip and packaging match manylinux tags exactly: name every glibc the target's covers. sglang's cp311
+    wheel is fetched for any glibc: it is repacked as pure Python."""
+    glibc_minor = SGLANG_GLIBC_MINOR if python_version == SGLANG_PYTHON else int(spec.platform.split("_")[2])
     platforms = [f"manylinux_2_{n}_x86_64" for n in range(glibc_minor, 4, -1)]
     return platforms + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
 
@@ -204,13 +218,14 @@ def _repack_special(spec: BundleSpec, wheels_dir: Path) -> None:
             repack_wheel(wheel, wheels_dir, sglang_drop, tag=PURE_SGLANG_TAG)
             wheel.unlink()
         elif dist == "sglang-kernel":
-            repack_wheel(wheel, wheels_dir, sglang_kernel_drop(spec.gpu_arch), build=f"0{spec.gpu_arch}")
+            repack_wheel(wheel, wheels_dir, sglang_kernel_drop(spec.gpu_arch), build=f"0{spec.gpu_arch}",
+                         rename=sglang_kernel_rename(spec.gpu_arch))
             wheel.unlink()
 
 
 def _build_harvest_wheel(wheels_dir: Path) -> None:
     with tempfile.TemporaryDirectory() as build_tmp:
-        out = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+        out = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                               "-w", str(wheels_dir), str(REPO_ROOT)], capture_output=True, text=True,
                              env={**__import__("os").environ, "TMPDIR": build_tmp})
     if out.returncode != 0:

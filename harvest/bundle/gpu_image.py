@@ -32,5 +32,10 @@ IMAGE_VERSIONS = {
 }
 """Versions seen there (KINDS.md's pip list); for the others only the name is known."""
 
-NEVER_CARRIED = frozenset({"torch", "triton"})
-"""Preinstalled as the image's CUDA build; a wheel from here would replace it with another build."""
+NEVER_CARRIED = frozenset({"torch", "triton", "harvest", "flashinfer-cubin"})
+"""torch and triton: the image's CUDA build, which a wheel from here would replace; harvest: built from this
+checkout; flashinfer-cubin: optional precompiled kernels (361 MB) that flashinfer JIT-builds with nvcc instead."""
+
+KEPT_FROM_IMAGE = frozenset({"numpy"})
+"""Never replaced even where a carried wheel's metadata caps it (mistral-common: numpy<2.4): the image's compiled
+packages (scipy, pandas, scikit-learn, torch) are built against its numpy, and a downgrade breaks them."""

@@ -37,9 +37,10 @@ def make_image_twin(venv_dir: Path, python_version: str, image_provides: dict[st
     python = venv_dir / "bin" / "python"
     pinned = [f"{name}=={version}" for name, version in sorted(image_provides.items())]
     _pip(python, "download", "-q", "-d", str(TWIN_CACHE), TORCH)
-    _pip(python, "download", "-q", "--no-deps", "-d", str(TWIN_CACHE), *pinned)
     _pip(python, "install", "-q", "--no-index", "--find-links", str(TWIN_CACHE), TORCH)
-    _pip(python, "install", "-q", "--no-index", "--no-deps", "--find-links", str(TWIN_CACHE), *pinned)
+    if pinned:
+        _pip(python, "download", "-q", "--no-deps", "-d", str(TWIN_CACHE), *pinned)
+        _pip(python, "install", "-q", "--no-index", "--no-deps", "--find-links", str(TWIN_CACHE), *pinned)
     return python
 
 

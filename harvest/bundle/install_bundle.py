@@ -13,6 +13,7 @@ Parts may sit in several folders (they arrive in separate transfers): name each 
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -90,14 +91,16 @@ def site_dir(python: str, target: Path | None) -> Path:
     return Path(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip())
 
 
-def install_native(payload_dir: Path, site: Path, python: str) -> str:
+def install_native(payload_dir: Path, site: Path, python: str, target: Path | None) -> str:
     """harvest looks for its native libraries in build/native beside its packages. Rebuild from csrc where a C
     compiler exists (this also builds the CUDA backend where nvcc is); else use the libraries built with the bundle."""
     dest = site / "build" / "native"
     csrc = payload_dir / "native" / "csrc"
     if shutil.which("make") and shutil.which("cc"):
+        # The stub's symbol list is read from the installed sgl_kernel, which a --target install hides from python.
+        env = {**os.environ, "PYTHONPATH": f"{target}:{os.environ.get('PYTHONPATH', '')}"} if target else None
         out = subprocess.run(["make", "-s", "-C", str(csrc), f"OUT={dest}", f"PYTHON={python}"],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, env=env)
         if out.returncode == 0:
             shutil.copytree(csrc, site / "build" / "csrc", dirs_exist_ok=True)
             return f"built from csrc into {dest}"
@@ -136,7 +139,7 @@ def main(argv=None) -> int:
             if args.target is not None:
                 args.target.mkdir(parents=True, exist_ok=True)
             pip_install(python, wheels, wheels_dir, args.target)
-            native = install_native(payload_dir, site_dir(python, args.target), python)
+            native = install_native(payload_dir, site_dir(python, args.target), python, args.target)
     except (BundleError, OSError, subprocess.CalledProcessError, KeyError, ValueError) as e:
         print(f"install_bundle: error: {e}", file=sys.stderr)
         return 1

@@ -20,9 +20,9 @@ def parse_wheel_name(path: Path) -> dict:
 
 
 def repack_wheel(src: Path, out_dir: Path, drop: Callable[[str], bool], tag: str | None = None,
-                 build: str | None = None) -> tuple[Path, list[str]]:
-    """Copy `src` into out_dir without the files `drop` selects; with `tag`, retag it (py3-none-any makes it
-    pure). Returns the new wheel and the dropped paths."""
+                 build: str | None = None, rename: Callable[[str], str] = lambda name: name) -> tuple[Path, list[str]]:
+    """Copy `src` into out_dir without the files `drop` selects and with the paths `rename` moves; with `tag`,
+    retag it (py3-none-any makes it pure). Returns the new wheel and the dropped paths."""
     parts = parse_wheel_name(src)
     new_tag = tag or parts["tag"]
     build_part = f"-{build}" if build else (f"-{parts['build']}" if parts["build"] else "")
@@ -38,6 +38,7 @@ def repack_wheel(src: Path, out_dir: Path, drop: Callable[[str], bool], tag: str
                 dropped.append(name)
                 continue
             data = zin.read(name)
+            info.filename = name = rename(name)
             if name.endswith(".dist-info/WHEEL") and tag is not None:
                 data = _retag(data.decode(), new_tag).encode()
             zout.writestr(info, data)
@@ -70,3 +71,10 @@ def sglang_kernel_drop(gpu_arch: str) -> Callable[[str], bool]:
         return name.startswith(("sgl_kernel/flash_ops", "sgl_kernel/flashmla_ops", "include/", "lib/", "lib64/",
                                 "_mscclpp"))
     return drop
+
+
+def sglang_kernel_rename(gpu_arch: str) -> Callable[[str], str]:
+    """The kept common_ops moves to sgl_kernel/common_ops, the loader's fallback path: the one copy then loads on
+    that GPU (its own subfolder is absent) and on a CPU host, where the loader would look in sm100/."""
+    prefix = f"sgl_kernel/{gpu_arch}/"
+    return lambda name: "sgl_kernel/" + name[len(prefix):] if name.startswith(prefix) else name
