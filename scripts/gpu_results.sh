@@ -7,7 +7,8 @@
 # Runs the stages not yet done, in order, each under `timeout` (< 10 minutes), and stops before a stage whose
 # usual duration no longer fits --budget-s (default 540, one device command). Run it again to resume: a stage
 # leaves WORK/stages/NAME.done when it succeeds. --dry-run prints the stages and checks the inputs.
-# Results land in eval/results/<date>-<gpu>/ (device, driver and commit in its README.md).
+# Results land in eval/results/<date>-<gpu>/ (device, driver and commit in its README.md; a copy of the
+# checkout without .git names its commit with HARVEST_COMMIT=...).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,7 +58,7 @@ serve_and_replay() {  # $1 out dir, $2 profile; a live replay against a worker w
   local out=$1 profile=$2 port=30000 admin=30100 pid
   mkdir -p "$out"
   hv serve --model-path "$model" --finetune "$job" --tpot-slo-ms $tpot_ms --profile "$profile" \
-    --port $port --admin-port $admin --mem-fraction-static 0.8 >"$out/worker.log" 2>&1 &
+    --port $port --admin-port $admin --mem-fraction-static 0.8 --grammar-backend none >"$out/worker.log" 2>&1 &
   pid=$!
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
   hv replay --trace conv --window 60s --target "http://127.0.0.1:$port" --admin "http://127.0.0.1:$admin" \
@@ -100,7 +101,7 @@ write_report() {
     echo "| | |"; echo "| --- | --- |"
     echo "| device | $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1) |"
     echo "| driver | $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1) |"
-    echo "| commit | $(git rev-parse HEAD 2>/dev/null || cat HARVEST_COMMIT 2>/dev/null || echo unknown) |"
+    echo "| commit | ${HARVEST_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)} |"
     echo "| torch | $($python -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null) |"
     echo "| model | random Llama-3-8B shape, bf16 (harvest model make; bytes per decode step as the real model) |"
     echo

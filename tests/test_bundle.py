@@ -10,7 +10,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import zipfile
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,6 +25,7 @@ from harvest.worker_process import WorkerProcess
 
 pytestmark = [pytest.mark.bundle]
 TARGET_PYTHON = "3.12"
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # The twin must run what the bundle installed, never this checkout.
 TWIN_ENV = {"PYTHONPATH": "", "HF_HUB_OFFLINE": "1"}
 
@@ -134,3 +137,41 @@ def test_offline_install_runs_harvest_and_serves_a_made_model(twin, tmp_path):
         worker.stop()
     assert len(result["output_ids"]) == 4
     assert stats["decode"]["decode_tokens"] >= 3
+
+
+def _dry_run(bundle_dir, work_dir, *more):
+    checkout = [sys.executable, "-m", "harvest.cli.main"]
+    env = {**os.environ, "HARVEST": " ".join(checkout), "PYTHON": sys.executable}
+    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "gpu_results.sh"), "--dry-run", "--bundle",
+                           str(bundle_dir), "--work", str(work_dir), *more],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT)
+
+
+def test_gpu_results_dry_run_prints_the_stages_and_checks_the_inputs(bundle, tmp_path):
+    """The stages in order, the bundle's parts found across folders (they arrive in separate transfers), and
+    each harvest command the stages call checked the way the script will call it."""
+    out_dir, _, manifest = bundle
+    split = tmp_path / "split"
+    shutil.copytree(out_dir, split)
+    second = tmp_path / "second-transfer"
+    second.mkdir()
+    last = manifest["parts"][-1]["name"]
+    (split / last).rename(second / last)
+    num_parts = len(manifest["parts"])
+
+    alone = _dry_run(split, tmp_path / "work")
+    assert f"{num_parts - 1} of {num_parts} parts present" in alone.stdout
+    assert "MISSING: bundle parts" in alone.stdout and alone.returncode == 1
+
+    both = _dry_run(split, tmp_path / "work", "--parts-from", str(second))
+    stages = [line.split()[0] for line in both.stdout.splitlines() if line.startswith("  ")]
+    assert stages == ["install", "doctor", "model", "profile_solo", "worker_temporal", "profile_corun",
+                      "worker_spatial", "baselines", "finetune_off", "report"]
+    assert f"{num_parts} of {num_parts} parts present" in both.stdout
+    checkout = [sys.executable, "-m", "harvest.cli.main"]
+    for sub in ["doctor", "model", "profile", "replay", "bench", "serve"]:
+        exists = subprocess.run([*checkout, sub, "--help"], capture_output=True, timeout=120).returncode == 0
+        assert (f"command: harvest {sub} ok" if exists else f"MISSING: harvest {sub}") in both.stdout
+    missing = [line for line in both.stdout.splitlines() if line.startswith("MISSING")]
+    assert both.returncode == (1 if missing else 0)
+    assert f"inputs: {len(missing)} missing" in both.stdout

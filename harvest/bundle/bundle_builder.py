@@ -6,8 +6,8 @@ declared requirements; the target image's own packages stay unless a pinned requ
 """
 
 import hashlib
-import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -227,7 +227,7 @@ def _build_harvest_wheel(wheels_dir: Path) -> None:
     with tempfile.TemporaryDirectory() as build_tmp:
         out = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                               "-w", str(wheels_dir), str(REPO_ROOT)], capture_output=True, text=True,
-                             env={**__import__("os").environ, "TMPDIR": build_tmp})
+                             env={**os.environ, "TMPDIR": build_tmp})
     if out.returncode != 0:
         raise HarvestError(f"building the harvest wheel failed: {out.stderr.strip().splitlines()[-1:]}")
     shutil.rmtree(REPO_ROOT / "build" / "lib", ignore_errors=True)

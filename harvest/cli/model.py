@@ -23,7 +23,8 @@ def add_parser(subparsers) -> None:
                       help="random weights (the only kind: nothing is downloaded)")
     make.add_argument("--out", required=True, help="new directory to write")
     make.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="serving dtype (default bf16)")
-    make.add_argument("--device", default="cpu", help="where the random values are drawn: cpu or cuda (default cpu)")
+    make.add_argument("--device", default="auto",
+                      help="where the random values are drawn: cpu, cuda, or auto (default: cuda where torch sees one)")
     make.add_argument("--tokenizer", default="none", choices=TOKENIZERS,
                       help="none (token ids only) or small (a 512-token BPE, for finetuning on text)")
     make.add_argument("--seed", type=int, default=0)
@@ -36,7 +37,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action != "make":
         raise HarvestError(f"unknown action {args.action!r}")
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     spec = RandomModelSpec(shape=ModelShape.from_name(args.shape), out_dir=args.out, dtype=args.dtype,
-                           device=args.device, tokenizer=args.tokenizer, seed=args.seed)
+                           device=device, tokenizer=args.tokenizer, seed=args.seed)
     print(json.dumps(make_random_model(spec)))
     return 0

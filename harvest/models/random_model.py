@@ -85,6 +85,7 @@ def make_random_model(spec: RandomModelSpec) -> dict:
         "kv_bytes_per_token": spec.shape.kv_bytes_per_token(dtype_bytes),
         "num_shards": len(shards),
         "tokenizer": spec.tokenizer,
+        "device": spec.device,
         "seconds": round(time.perf_counter() - started, 2),
     }
 
