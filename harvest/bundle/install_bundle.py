@@ -126,12 +126,12 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     try:
         manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
+        parts = find_parts(manifest, [bundle_dir, *args.parts_from])
         want = manifest["target"]["python"]
         have = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                               capture_output=True, text=True, check=True).stdout.strip()
         if have != want:
             raise BundleError(f"this bundle is for Python {want}; {python} is Python {have}")
-        parts = find_parts(manifest, [bundle_dir, *args.parts_from])
         with tempfile.TemporaryDirectory(prefix="harvest-install-") as tmp:
             payload_dir = reassemble(parts, manifest, Path(tmp))
             wheels_dir = payload_dir / "wheels"
