@@ -167,11 +167,11 @@ for entry in "${STAGES[@]}"; do
   fi
   echo "== stage $name: $desc"
   t0=$(date +%s)
-  if timeout 570 bash -c "$(declare -f hv serve_and_replay run_stage write_report); $(declare -p model job results work site bundle parts_from python harvest tpot_ms); run_stage $name"; then
+  if timeout 570 bash -c "set -o pipefail; $(declare -f hv serve_and_replay run_stage write_report); $(declare -p model job results work site bundle parts_from python harvest tpot_ms); run_stage $name"; then
     echo "$(( $(date +%s) - t0 ))" >"$work/stages/$name.done"
     echo "== stage $name done in $(( $(date +%s) - t0 )) s"
   else
     echo "== stage $name failed; fix and run again (done stages are kept)" >&2; exit 1
   fi
 done
-echo "all stages done: $results"
+[ -n "$only" ] || echo "all stages done: $results"
