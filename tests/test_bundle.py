@@ -50,7 +50,9 @@ def twin(bundle, tmp_path_factory):
 
 
 def _run(argv, timeout=300, check=True):
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **TWIN_ENV})
+    # Away from the checkout: `python -c` puts the working directory first on sys.path.
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **TWIN_ENV},
+                         cwd="/")
     if check:
         assert out.returncode == 0, f"{argv} failed: {out.stderr[-2000:]}"
     return out
