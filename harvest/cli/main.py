@@ -19,6 +19,8 @@ SUBCOMMAND_MODULES = {
     "finetune": "harvest.cli.finetune",
     "replay": "harvest.cli.replay",
     "bench": "harvest.cli.bench",
+    "model": "harvest.cli.model",
+    "bundle": "harvest.cli.bundle",
 }
 
 
