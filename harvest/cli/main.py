@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = {
     "finetune": "harvest.cli.finetune",
     "replay": "harvest.cli.replay",
     "bench": "harvest.cli.bench",
+    "doctor": "harvest.cli.doctor",
 }
 
 

@@ -1,0 +1,39 @@
+"""`harvest doctor` on a CPU host: the CPU checks run for real and pass, the GPU checks are reported skipped."""
+
+import json
+import subprocess
+
+import torch
+
+from harvest.doctor import CHECKS, Check, run_checks
+from harvest.doctor.check import FAIL, PASS, SKIP
+
+
+def test_doctor_runs_cpu_checks_and_reports_gpu_checks_skipped(harvest_cli):
+    proc = subprocess.run([*harvest_cli, "doctor", "--json"], capture_output=True, text=True, timeout=300)
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [line["check"] for line in lines] == [c.name for c in CHECKS]
+    by_name = {line["check"]: line for line in lines}
+    for check in CHECKS:
+        line = by_name[check.name]
+        assert line["expected"] and line["if_different"]
+        if not check.needs_gpu:
+            assert line["status"] == PASS, line
+        elif not torch.cuda.is_available():
+            assert line["status"] == SKIP and "no CUDA device" in line["reason"], line
+    assert by_name["host_stray_read"]["outcome"] == "fault"
+    assert by_name["host_kv_lend_reclaim"]["reclaimed_zeroed"] is True
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_failed_gate_skips_what_depends_on_it_and_the_exit_code_says_so(harvest_cli):
+    def boom():
+        raise RuntimeError("no mapping")
+
+    checks = [Check("gate", boom, "ok", "bad", gate=True), Check("after", lambda: {"status": PASS}, "ok", "bad"),
+              Check("gpu", lambda: {"status": PASS}, "ok", "bad", needs_gpu=True)]
+    results = run_checks(checks, lambda r: None, skip_gpu=None)
+    assert [(r.check, r.status) for r in results] == [("gate", FAIL), ("after", SKIP), ("gpu", PASS)]
+    assert results[0].values["error"] == "RuntimeError: no mapping"
+    proc = subprocess.run([*harvest_cli, "doctor", "--only", "nope"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown check(s) nope" in proc.stderr and "Traceback" not in proc.stderr
