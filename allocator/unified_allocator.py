@@ -22,7 +22,7 @@ class KvSlots(Protocol):
 
     def available_size(self) -> int: ...
 
-    def chunk_slots(self, chunk_id: int) -> torch.Tensor: ...
+    def num_chunk_slots(self, chunk_id: int) -> int: ...
 
     def lendable_chunk_ids(self) -> list[int]: ...
 
@@ -90,7 +90,7 @@ class UnifiedAllocator:
             if self.chunk_pool.is_pinned(chunk_id):
                 continue
             # The last chunk may be partial: SGLang's pool rarely ends on a chunk boundary.
-            slots_after = self.kv_slots.available_size() - len(self.kv_slots.chunk_slots(chunk_id))
+            slots_after = self.kv_slots.available_size() - self.kv_slots.num_chunk_slots(chunk_id)
             if slots_after < self.kv_floor_slots:
                 break
             self.kv_slots.withdraw_chunk(chunk_id)

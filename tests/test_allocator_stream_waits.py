@@ -157,8 +157,8 @@ def test_pinned_chunks_are_never_lent_until_unpinned():
         def available_size(self):
             return 10 ** 6
 
-        def chunk_slots(self, chunk_id):
-            return torch.arange(allocator.config.slots_per_chunk)
+        def num_chunk_slots(self, chunk_id):
+            return allocator.config.slots_per_chunk
 
         def lendable_chunk_ids(self):
             return [c for c in range(7, 0, -1) if c not in self.lent]
