@@ -4,7 +4,7 @@ lending and the weight window (torch + cuda-python; the reference is shared/gpu/
 import ctypes
 import time
 
-from harvest.doctor.check import FAIL, INFO, PASS, Check
+from harvest.doctor.check import FAIL, PASS, Check
 
 MIB = 1 << 20
 BLOCK = 2 * MIB
@@ -157,7 +157,7 @@ def _unmap_inflight(mode: str) -> dict:
         if label == "harvest":
             pool.free_tensor(tensor, after=[done])
         else:
-            owner, addr, mapped_bytes, _ = pool._tensors[tensor.data_ptr()]
+            _, addr, mapped_bytes, _ = pool._tensors[tensor.data_ptr()]
             allocator.backend.unmap(addr, mapped_bytes)
         unmap_ms = round((time.perf_counter() - started) * 1e3, 2)
         try:

@@ -54,7 +54,7 @@ def _run_here(check: Check) -> dict:
 
 def _run_isolated(check: Check) -> dict:
     try:
-        proc = subprocess.run([sys.executable, "-m", "harvest.doctor.runner", check.name], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "harvest.doctor.runner", check.name], capture_output=True, check=False,
                               text=True, timeout=ISOLATED_TIMEOUT_S, env=os.environ.copy())
     except subprocess.TimeoutExpired:
         return {"status": FAIL, "error": f"timed out after {ISOLATED_TIMEOUT_S} s (a hang)"}
