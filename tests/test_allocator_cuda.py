@@ -51,3 +51,40 @@ def test_cuda_kv_bytes_survive_lend_alloc_and_reclaim_of_other_chunks():
         k_buffer[0][4 * config.slots_per_chunk] = 3.0  # reclaimed chunk is writable again
     finally:
         allocator.close()
+
+
+@pytest.mark.gpu
+def test_free_tensor_waits_for_a_kernel_on_another_stream_that_records_it():
+    """Pins defect 4 of issue 11 on the device: a lent tensor freed while a side stream still reads it."""
+    config = cuda_config(num_layers=16, num_chunks=4)
+    allocator = UnifiedAllocator(config)
+    try:
+        allocator.chunk_pool.lend(3)
+        tensor = allocator.alloc_tensor((config.blocks_per_chunk * config.block_bytes,), torch.uint8)
+        tensor.fill_(1)
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(int(2e8))
+            total = tensor.sum(dtype=torch.int64)
+        allocator.record_stream(tensor, side)
+        allocator.free_tensor(tensor)
+        side.synchronize()
+        assert int(total) == config.blocks_per_chunk * config.block_bytes
+    finally:
+        allocator.close()
+
+
+@pytest.mark.gpu
+def test_blocks_are_rdma_capable_exactly_where_the_device_supports_it():
+    from cuda.bindings import driver
+
+    from allocator.cuda_backend import CudaBackend
+    _, device = driver.cuDeviceGet(0)
+    _, supported = driver.cuDeviceGetAttribute(
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device)
+    backend = CudaBackend(num_blocks=2, block_bytes=2 << 20)
+    try:
+        assert backend.is_rdma_capable == bool(supported)
+    finally:
+        backend.close()

@@ -3,6 +3,7 @@
 import json
 import subprocess
 
+import pytest
 import torch
 
 from harvest.doctor import CHECKS, Check, run_checks
@@ -37,3 +38,14 @@ def test_a_failed_gate_skips_what_depends_on_it_and_the_exit_code_says_so(harves
     assert results[0].values["error"] == "RuntimeError: no mapping"
     proc = subprocess.run([*harvest_cli, "doctor", "--only", "nope"], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "unknown check(s) nope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.gpu
+def test_doctor_gpu_checks_pass_on_a_gpu(harvest_cli):
+    """The checks harvest's own code must pass on a GPU (the INFO ones record the device and are not asserted)."""
+    must_pass = ["gpu_env", "gpu_native", "gpu_vmm", "gpu_stray_read", "gpu_unmap_inflight_kernel",
+                 "gpu_unmap_inflight_dma", "gpu_kv_lend_reclaim", "gpu_swap_evict", "gpu_split", "gpu_handoff"]
+    proc = subprocess.run([*harvest_cli, "doctor", "--json", "--only", ",".join(must_pass)], capture_output=True,
+                          text=True, timeout=1800, check=False)
+    lines = {line["check"]: line for line in map(json.loads, proc.stdout.splitlines())}
+    assert {name: lines[name]["status"] for name in must_pass} == dict.fromkeys(must_pass, PASS), proc.stdout
