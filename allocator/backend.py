@@ -23,7 +23,14 @@ class Backend(Protocol):
     def map_blocks(self, addr: int, block_ids: Sequence[int]) -> None:
         """Map block_ids[i] at addr + i * block_bytes, read/write; all-or-nothing."""
 
-    def unmap(self, addr: int, num_bytes: int) -> None: ...
+    def unmap(self, addr: int, num_bytes: int) -> None:
+        """Unmap a range of whole blocks, after the caller's current stream (CUDA) has finished with it."""
+
+    def map_blocks_at(self, addrs: Sequence[int], block_ids: Sequence[int]) -> None:
+        """Map block_ids[i] at addrs[i] (one block each), in one native call; all-or-nothing."""
+
+    def unmap_blocks(self, addrs: Sequence[int]) -> None:
+        """Unmap the one block at each of addrs, in one native call, as `unmap` does."""
 
     def remap_block(self, addr: int, block_id: int) -> None:
         """Replace the block mapped at addr (one block long) by block_id."""

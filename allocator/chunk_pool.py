@@ -4,10 +4,16 @@ VA layout: buffer b = 2 * layer + (0 for K, 1 for V) is the contiguous range kv_
 chunk_span = num_chunks * block_bytes, and block (c, b) is mapped at offset c * block_bytes of it, so
 SGLang indexes ordinary [num_slots, heads, head_dim] tensors. Lending chunk c unmaps its block from
 every buffer: a stray KV access to a lent chunk faults instead of reading finetune data.
+
+Unmapping is a host call, not ordered on any stream, and torch's record_stream does nothing for these
+tensors (their storage is not torch's). So the pool keeps its own record: the streams that used each
+tensor (record_stream) and the streams that touch the KV buffers (record_kv_stream); before it unmaps or
+moves a range it waits for the work queued on them so far. Chunks pinned for a KV transfer never lend.
 """
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -37,6 +43,9 @@ class ChunkPool:
         self._tensors: dict[int, tuple[int, int, int, int]] = {}  # data_ptr -> (owner, addr, mapped, requested)
         self._next_owner = 0
         self._addr_of_owner: dict[int, int] = {}
+        self._users: dict[int, list] = {}           # owner -> streams that used its tensor
+        self._kv_streams: list = []
+        self._pins: Counter[int] = Counter()        # chunk_id -> transfers in flight over its slots
 
     def _buffer_addr(self, buffer_id: int) -> int:
         return self.kv_base + buffer_id * self.chunk_span_bytes
@@ -61,29 +70,63 @@ class ChunkPool:
     def state(self, chunk_id: int) -> ChunkState:
         return self.ledger.states[chunk_id]
 
+    def record_stream(self, tensor: torch.Tensor, stream) -> None:
+        """`stream` uses this tensor: freeing or moving it waits for the work queued on `stream` by then."""
+        users = self._users[self._tensors[tensor.data_ptr()][0]]
+        if stream is not None and stream not in users:
+            users.append(stream)
+
+    def record_kv_stream(self, stream) -> None:
+        """`stream` reads or writes the KV buffers (SGLang's forward stream under the overlap schedule):
+        lending a chunk waits for the work queued on it by then."""
+        if stream is not None and stream not in self._kv_streams:
+            self._kv_streams.append(stream)
+
+    def pin(self, chunk_ids: Iterable[int]) -> None:
+        """A KV transfer (RDMA registration or copy in flight) covers these chunks: they stay mapped as KV."""
+        self._pins.update(chunk_ids)
+
+    def unpin(self, chunk_ids: Iterable[int]) -> None:
+        for chunk_id in chunk_ids:
+            if self._pins[chunk_id] <= 0:
+                raise HarvestError(f"chunk {chunk_id} is not pinned")
+            self._pins[chunk_id] -= 1
+
+    def is_pinned(self, chunk_id: int) -> bool:
+        return self._pins[chunk_id] > 0
+
     def lend(self, chunk_id: int) -> None:
         """Unmap chunk_id from every K/V buffer; its blocks then back tensors. Its slots must be unused."""
+        if self.is_pinned(chunk_id):
+            raise HarvestError(f"chunk {chunk_id} is pinned by a KV transfer and cannot be lent")
         self.ledger.lend(chunk_id)
-        for buffer_id in range(self.config.blocks_per_chunk):
-            self.backend.unmap(self._buffer_addr(buffer_id) + chunk_id * self.block_bytes, self.block_bytes)
+        _wait_for(self._kv_streams)
+        self.backend.unmap_blocks(self._chunk_addrs(chunk_id))
 
     def reclaim(self, chunk_id: int) -> None:
         """Map an idle lent chunk back into every K/V buffer, zeroed: finetune bytes (weights, data) never
         become readable through the KV pool, and the chunk reads like never-used KV memory."""
         self.ledger.reclaim(chunk_id)
-        for buffer_id, block_id in enumerate(self.ledger.chunk_blocks(chunk_id)):
-            addr = self._buffer_addr(buffer_id) + chunk_id * self.block_bytes
-            self.backend.map_blocks(addr, [block_id])
+        addrs = self._chunk_addrs(chunk_id)
+        self.backend.map_blocks_at(addrs, self.ledger.chunk_blocks(chunk_id))
+        for addr in addrs:
             self.backend.zero(addr, self.block_bytes)
+
+    def _chunk_addrs(self, chunk_id: int) -> list[int]:
+        """Where chunk_id's block sits in each K/V buffer."""
+        return [self._buffer_addr(b) + chunk_id * self.block_bytes for b in range(self.config.blocks_per_chunk)]
 
     def drain(self, chunk_id: int) -> bool:
         """Move every used block of lent chunk_id onto free blocks of other lent chunks (copy, then
         remap each tensor's address range: tensors keep their addresses), leaving it idle. False,
-        with nothing moved, if the other lent chunks lack the free blocks. On CUDA the caller must
-        make sure no kernel is using the moved tensors (the copy and remap are not stream-ordered)."""
+        with nothing moved, if the other lent chunks lack the free blocks. Waits for the streams that
+        used the moved tensors (record_stream); no new work may use them until it returns."""
         used = self.ledger.used_blocks_of(chunk_id)
         if len(used) > self.ledger.num_free_blocks_outside(chunk_id):
             return False
+        spans = self.ledger.byte_ranges()
+        for owner in {owner for block_id in used for _, _, owner in spans[block_id]}:
+            _wait_for(self._users[owner])
         staging = self.backend.reserve(self.block_bytes)
         try:
             for src in used:
@@ -126,6 +169,7 @@ class ChunkPool:
         raw = self.backend.byte_tensor(addr, mapped_bytes)[placement.offset_bytes: placement.offset_bytes + num_bytes]
         self._tensors[raw.data_ptr()] = (owner, addr, mapped_bytes, num_bytes)
         self._addr_of_owner[owner] = addr
+        self._users[owner] = []
         return raw.view(dtype).view(tuple(shape))
 
     def check_fits(self, num_bytes: int) -> None:
@@ -137,13 +181,14 @@ class ChunkPool:
         return tensor.data_ptr() in self._tensors
 
     def free_tensor(self, tensor: torch.Tensor) -> None:
-        """Unmap the tensor's range and return its bytes. The tensor (and any view of it) must not be used
-        after; on CUDA, kernels using it on another stream must have finished (synchronize that stream)."""
+        """Unmap the tensor's range and return its bytes, once the work queued so far on the streams that
+        used it (record_stream, and the caller's stream) is done. No view of it may be used after."""
         data_ptr = tensor.data_ptr()
         if data_ptr not in self._tensors:
             raise HarvestError(f"free_tensor: {data_ptr:#x} is not a tensor allocated from lent chunks")
         owner, addr, mapped_bytes, _ = self._tensors.pop(data_ptr)
         del self._addr_of_owner[owner]
+        _wait_for(self._users.pop(owner))
         self.backend.unmap(addr, mapped_bytes)
         self.backend.release(addr, mapped_bytes)
         self.ledger.release(owner)
@@ -158,11 +203,15 @@ class ChunkPool:
             self.backend.release(addr, mapped_bytes)
         self._tensors.clear()
         # cuMemAddressFree needs the range unmapped; lent chunks already are.
-        for chunk_id, state in enumerate(self.ledger.states):
-            if state is ChunkState.KV:
-                for buffer_id in range(self.config.blocks_per_chunk):
-                    self.backend.unmap(self._buffer_addr(buffer_id) + chunk_id * self.block_bytes, self.block_bytes)
+        kv_chunk_ids = [c for c, state in enumerate(self.ledger.states) if state is ChunkState.KV]
+        self.backend.unmap_blocks([addr for c in kv_chunk_ids for addr in self._chunk_addrs(c)])
         self.backend.release(self.kv_base, self.config.blocks_per_chunk * self.chunk_span_bytes)
+
+
+def _wait_for(streams: Sequence) -> None:
+    """Block until the work queued so far on each stream is done (an unmap is not stream-ordered)."""
+    for stream in streams:
+        stream.synchronize()
 
 
 def tensor_bytes(shape: Sequence[int], dtype: torch.dtype) -> int:

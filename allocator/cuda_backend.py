@@ -32,6 +32,10 @@ class CudaBackend:
         self.device_index = device_index
         self.block_bytes = block_bytes
         self.num_blocks = num_blocks
+        rdma = ctypes.c_int()
+        check_cuda("hc_rdma_capable", self.lib.hc_rdma_capable(device_index, ctypes.byref(rdma)))
+        # Blocks are created gpuDirectRDMACapable where the device supports GPUDirect RDMA with VMM.
+        self.is_rdma_capable = bool(rdma.value)
         self._handles = (ctypes.c_uint64 * num_blocks)()
         check_cuda("hc_create_blocks",
                    self.lib.hc_create_blocks(block_bytes, device_index, self._handles, num_blocks))
@@ -50,11 +54,20 @@ class CudaBackend:
         check_cuda("hc_map_blocks",
                    self.lib.hc_map_blocks(addr, self.block_bytes, handles, len(block_ids), self.device_index))
 
+    def map_blocks_at(self, addrs: Sequence[int], block_ids: Sequence[int]) -> None:
+        handles = u64_array(self._handles[block_id] for block_id in block_ids)
+        check_cuda("hc_map_blocks_at", self.lib.hc_map_blocks_at(u64_array(addrs), self.block_bytes, handles,
+                                                                 len(handles), self.device_index))
+
     def unmap(self, addr: int, num_bytes: int) -> None:
         # Waits for the caller's stream only (a device-wide sync would wait on the finetune stream and
-        # stall decode); work on other streams using the range must be finished by its owner.
+        # stall decode); ChunkPool waits for the other streams that used the range (record_stream).
         torch.cuda.current_stream(self.device).synchronize()
         check_cuda("hc_unmap", self.lib.hc_unmap(addr, num_bytes, self.block_bytes))
+
+    def unmap_blocks(self, addrs: Sequence[int]) -> None:
+        torch.cuda.current_stream(self.device).synchronize()
+        check_cuda("hc_unmap_blocks", self.lib.hc_unmap_blocks(u64_array(addrs), len(addrs), self.block_bytes))
 
     def remap_block(self, addr: int, block_id: int) -> None:
         self.unmap(addr, self.block_bytes)

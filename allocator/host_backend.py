@@ -39,6 +39,14 @@ class HostBackend:
         check_host("hv_map_blocks",
                    self.lib.hv_map_blocks(addr, self.block_bytes, self._memfd, offsets, len(block_ids)))
 
+    def map_blocks_at(self, addrs: Sequence[int], block_ids: Sequence[int]) -> None:
+        offsets = u64_array(block_id * self.block_bytes for block_id in block_ids)
+        check_host("hv_map_blocks_at",
+                   self.lib.hv_map_blocks_at(u64_array(addrs), self.block_bytes, self._memfd, offsets, len(offsets)))
+
+    def unmap_blocks(self, addrs: Sequence[int]) -> None:
+        check_host("hv_unmap_blocks", self.lib.hv_unmap_blocks(u64_array(addrs), len(addrs), self.block_bytes))
+
     def remap_block(self, addr: int, block_id: int) -> None:
         # MAP_FIXED replaces the old mapping atomically: no window where addr is unmapped.
         self.map_blocks(addr, [block_id])

@@ -15,13 +15,6 @@ _i64 = ctypes.c_int64
 _u64_p = ctypes.POINTER(ctypes.c_uint64)
 _i64_p = ctypes.POINTER(ctypes.c_int64)
 
-_ARENA_SIGNATURES = {
-    "harvest_arena_configure": [_u64],
-    "harvest_arena_add": [_u64, _u64],
-    "harvest_arena_remove": [_u64, _u64],
-    "harvest_arena_stats": [_u64_p, _u64_p, _u64_p],
-    "harvest_arena_free": [ctypes.c_void_p],
-}
 _HOST_SIGNATURES = {
     "hv_reserve": [_u64, _u64_p],
     "hv_release": [_u64, _u64],
@@ -29,6 +22,8 @@ _HOST_SIGNATURES = {
     "hv_destroy": [_i64],
     "hv_unmap": [_u64, _u64],
     "hv_map_blocks": [_u64, _u64, _i64, _u64_p, _i64],
+    "hv_unmap_blocks": [_u64_p, _i64, _u64],
+    "hv_map_blocks_at": [_u64_p, _u64, _i64, _u64_p, _i64],
     "hv_page_bytes": [_u64_p],
     "hv_zero": [_u64, _u64],
 }
@@ -41,6 +36,9 @@ _CUDA_SIGNATURES = {
     "hc_destroy_blocks": [_u64_p, _i64],
     "hc_unmap": [_u64, _u64, _u64],
     "hc_map_blocks": [_u64, _u64, _u64_p, _i64, ctypes.c_int],
+    "hc_unmap_blocks": [_u64_p, _i64, _u64],
+    "hc_map_blocks_at": [_u64_p, _u64, _u64_p, _i64, ctypes.c_int],
+    "hc_rdma_capable": [ctypes.c_int, ctypes.POINTER(ctypes.c_int)],
 }
 _CUDA_CODES = {100: "CUDA_ERROR_NO_DEVICE", 2: "CUDA_ERROR_OUT_OF_MEMORY", 1: "CUDA_ERROR_INVALID_VALUE",
                3: "CUDA_ERROR_NOT_INITIALIZED", 100000: "libcuda.so.1 not found",
@@ -83,10 +81,8 @@ def cuda_library() -> ctypes.CDLL:
 
 def _load(relative_path: str, signatures: dict) -> ctypes.CDLL:
     library = ctypes.CDLL(str(native_library(relative_path)))
-    for name, argtypes in {**_ARENA_SIGNATURES, **signatures}.items():
+    for name, argtypes in signatures.items():
         function = getattr(library, name)
         function.argtypes = argtypes
         function.restype = ctypes.c_int
-    library.harvest_arena_alloc.argtypes = [ctypes.c_ssize_t]
-    library.harvest_arena_alloc.restype = ctypes.c_void_p
     return library

@@ -22,7 +22,7 @@ class KvSlots(Protocol):
 
     def available_size(self) -> int: ...
 
-    def chunk_slots(self, chunk_id: int) -> torch.Tensor: ...
+    def num_chunk_slots(self, chunk_id: int) -> int: ...
 
     def lendable_chunk_ids(self) -> list[int]: ...
 
@@ -87,8 +87,10 @@ class UnifiedAllocator:
         for chunk_id in self.kv_slots.lendable_chunk_ids():
             if num_lent == num_chunks:
                 break
+            if self.chunk_pool.is_pinned(chunk_id):
+                continue
             # The last chunk may be partial: SGLang's pool rarely ends on a chunk boundary.
-            slots_after = self.kv_slots.available_size() - len(self.kv_slots.chunk_slots(chunk_id))
+            slots_after = self.kv_slots.available_size() - self.kv_slots.num_chunk_slots(chunk_id)
             if slots_after < self.kv_floor_slots:
                 break
             self.kv_slots.withdraw_chunk(chunk_id)
@@ -114,6 +116,32 @@ class UnifiedAllocator:
         missing_blocks = ledger.blocks_needed(num_bytes) - ledger.num_free_blocks
         self.lend_chunks(-(-missing_blocks // self.config.blocks_per_chunk))
         return self.chunk_pool.alloc_tensor(shape, dtype)
+
+    def record_stream(self, tensor: torch.Tensor, stream) -> None:
+        """`stream` uses this tensor: freeing or moving it waits for the work queued there by then
+        (torch's own record_stream does nothing for memory that is not torch's)."""
+        if not self.small_pool.owns(tensor):
+            self.chunk_pool.record_stream(tensor, stream)
+
+    def record_kv_stream(self, stream) -> None:
+        """A stream other than the scheduler's current one that runs KV reads/writes (SGLang's
+        forward_stream under the overlap schedule): lending waits for it."""
+        self.chunk_pool.record_kv_stream(stream)
+
+    def pin_kv_slots(self, first_slot: int, num_slots: int) -> None:
+        """A KV transfer (PD: registered for RDMA, or in flight) covers these token slots: their chunks
+        are never lent until unpin_kv_slots with the same range. Nested pins count."""
+        self.chunk_pool.pin(self._chunks_of_slots(first_slot, num_slots))
+
+    def unpin_kv_slots(self, first_slot: int, num_slots: int) -> None:
+        self.chunk_pool.unpin(self._chunks_of_slots(first_slot, num_slots))
+
+    def _chunks_of_slots(self, first_slot: int, num_slots: int) -> range:
+        if first_slot < 0 or num_slots <= 0 or first_slot + num_slots > self.config.num_slots:
+            raise HarvestError(f"slots [{first_slot}, {first_slot + num_slots}) are outside the pool's "
+                               f"{self.config.num_slots} slots")
+        per_chunk = self.config.slots_per_chunk
+        return range(first_slot // per_chunk, (first_slot + num_slots - 1) // per_chunk + 1)
 
     def free_tensor(self, tensor: torch.Tensor) -> None:
         if self.small_pool.owns(tensor):

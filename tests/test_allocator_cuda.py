@@ -54,26 +54,37 @@ def test_cuda_kv_bytes_survive_lend_alloc_and_reclaim_of_other_chunks():
 
 
 @pytest.mark.gpu
-def test_pluggable_pool_catches_forward_and_backward_allocations_on_the_finetune_stream():
-    from allocator.pluggable_mem_pool import PluggableMemPool
-    config = cuda_config()
+def test_free_tensor_waits_for_a_kernel_on_another_stream_that_records_it():
+    """Pins defect 4 of issue 11 on the device: a lent tensor freed while a side stream still reads it."""
+    config = cuda_config(num_layers=16, num_chunks=4)
     allocator = UnifiedAllocator(config)
     try:
-        mem_pool = PluggableMemPool(allocator)
-        mem_pool.grow(config.blocks_per_chunk)
-        ranges = [(r.data_ptr(), r.data_ptr() + r.numel()) for r in mem_pool._ranges]
-        model = torch.nn.Linear(1024, 1024, device="cuda")
-        stream = torch.cuda.Stream()
-        with mem_pool.routing(stream):
-            x = torch.randn(512, 1024, device="cuda", requires_grad=True)
-            loss = model(x).square().sum()
-            loss.backward()
-        stream.synchronize()
-        inside = [any(lo <= t.data_ptr() < hi for lo, hi in ranges) for t in (x, x.grad, model.weight.grad)]
-        assert inside == [True, True, True], "backward allocations must land in lent blocks"
-        assert mem_pool.stats()["torch_used_bytes"] > 0
-        del x, loss
-        model.weight.grad = None
-        model.bias.grad = None
+        allocator.chunk_pool.lend(3)
+        tensor = allocator.alloc_tensor((config.blocks_per_chunk * config.block_bytes,), torch.uint8)
+        tensor.fill_(1)
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(int(2e8))
+            total = tensor.sum(dtype=torch.int64)
+        allocator.record_stream(tensor, side)
+        allocator.free_tensor(tensor)
+        side.synchronize()
+        assert int(total) == config.blocks_per_chunk * config.block_bytes
     finally:
         allocator.close()
+
+
+@pytest.mark.gpu
+def test_blocks_are_rdma_capable_exactly_where_the_device_supports_it():
+    from cuda.bindings import driver
+
+    from allocator.cuda_backend import CudaBackend
+    _, device = driver.cuDeviceGet(0)
+    _, supported = driver.cuDeviceGetAttribute(
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device)
+    backend = CudaBackend(num_blocks=2, block_bytes=2 << 20)
+    try:
+        assert backend.is_rdma_capable == bool(supported)
+    finally:
+        backend.close()

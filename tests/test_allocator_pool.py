@@ -323,29 +323,6 @@ def test_stray_kv_access_to_a_lent_chunk_faults_instead_of_reading_finetune_data
     assert result.returncode == -11
 
 
-def test_block_arena_routes_pluggable_allocations_into_registered_ranges():
-    """The pluggable-allocator entry points (shared C arena) allocate only inside ranges Python registered."""
-    import ctypes
-
-    from allocator.native_vmm import host_library
-    lib = host_library()
-    lib.harvest_malloc.restype = ctypes.c_void_p
-    lib.harvest_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-    block = 1 << 16
-    assert lib.harvest_arena_configure(block) == 0
-    base = 1 << 40
-    assert lib.harvest_arena_add(base, 4 * block) == 0
-    a = lib.harvest_malloc(block + 1, 0, None)
-    b = lib.harvest_malloc(block, 0, None)
-    assert (a, b) == (base, base + 2 * block)
-    assert lib.harvest_malloc(2 * block, 0, None) is None
-    assert lib.harvest_arena_remove(base, 4 * block) != 0  # busy
-    assert lib.harvest_arena_free(a) == 0 and lib.harvest_arena_free(b) == 0
-    assert lib.harvest_arena_free(b) != 0  # unknown pointer
-    assert lib.harvest_arena_remove(base, 4 * block) == 0
-    assert lib.harvest_malloc(block, 0, None) is None
-
-
 def test_stats_add_up_and_reach_prometheus(pool):
     from prometheus_client import CollectorRegistry, generate_latest
 

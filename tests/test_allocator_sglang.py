@@ -215,3 +215,18 @@ def test_decode_attention_over_lent_and_reclaimed_chunks_matches_a_plain_pool():
             allocator.return_idle_chunks(1)
     assert num_lent_total > 0 and allocator.num_reclaimed_chunks > 0, "the run must lend and reclaim"
     allocator.close()
+
+
+@pytest.mark.gpu
+def test_token_alloc_and_free_make_no_device_to_host_sync_on_a_gpu():
+    """Pins defect 6 of issue 11: alloc compared a released slot with free_pages on the host every time."""
+    tokens = ChunkTokenToKVPoolAllocator(SIZE, torch.float32, "cuda", None, need_sort=True, slots_per_chunk=64)
+    first = tokens.alloc(32)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tokens.free(first[:8])
+        again = tokens.alloc(16)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert again is not None and sorted(again.tolist())[:8] == sorted(first[:8].tolist())

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 NUM_LAYERS = 4
+GPU_RTOL, GPU_ATOL = 1e-4, 1e-6   # GPU runs of the same job may differ by kernel choice, not by the window
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +59,16 @@ def test_windows_of_one_two_and_all_layers_train_identically(job_path, no_swappi
             assert engine.stats()["resident_bytes"] <= engine.window_bytes(window)
 
         losses, weights = train(job_path, FinetuneConfig(device=device, num_window_layers=window), check)
-        assert losses == reference_losses
-        for key, weight in reference_weights.items():
-            assert torch.equal(weights[key], weight), key
+        if device == "cpu":
+            assert losses == reference_losses
+            for key, weight in reference_weights.items():
+                assert torch.equal(weights[key], weight), key
+        else:
+            # cuBLAS may pick other kernels (split-K, atomics) between runs: equal within float rounding
+            # of a few steps, not bit for bit. The window must not change the math beyond that.
+            assert losses == pytest.approx(reference_losses, rel=GPU_RTOL)
+            for key, weight in reference_weights.items():
+                torch.testing.assert_close(weights[key], weight, rtol=GPU_RTOL, atol=GPU_ATOL, msg=key)
         assert max(seen_resident) == window
 
 

@@ -30,9 +30,12 @@ def test_rate_scales_with_sms_and_pairs_run_concurrently():
     props = torch.cuda.get_device_properties(0)
     g = 8 if props.major >= 9 else 4
     half = (props.multi_processor_count // g // 2) * g
-    parts = GreenPartitions(0, [(g, half - g), (half, half)])
+    # (half, half) needs 2 * half SMs in groups; a device split into 15 groups of 8 forms (half, half - g).
+    parts = GreenPartitions(0, [(g, half - g), (half, half), (half, half - g)])
+    assert (g, half - g) in parts.pairs
+    other_sms = half if (half, half) in parts.pairs else half - g
     small, _ = parts.streams(g, half - g)
-    large, other = parts.streams(half, half)
+    large, other = parts.streams(half, other_sms)
     rate_small, rate_large = _matmul_rate(small), _matmul_rate(large)
     assert rate_large > 2 * rate_small  # half the device vs one group: compute-bound rate follows the SMs
 

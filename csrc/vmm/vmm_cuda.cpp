@@ -1,13 +1,11 @@
 // CUDA backend: each physical block is one cuMemCreate allocation (cuMemMap takes offset 0 only);
-// blocks are mapped at fixed addresses inside cuMemAddressReserve ranges. Driver entry points are
+// blocks are mapped at fixed addresses inside cuMemAddressReserve ranges, many per call (Python makes one
+// call per chunk or tensor, not one per block). Driver entry points are
 // resolved with dlsym at hc_init, so the library loads on hosts without a driver and CI can build it
 // without libcuda's link stub; hc_init then reports the failure as a code.
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdint.h>
-#include <sys/types.h>
-
-#include "block_arena.h"
 
 #define XSTR(x) STR(x)
 #define STR(x) #x
@@ -18,6 +16,7 @@ enum { HC_NO_DRIVER = 100000, HC_NO_SYMBOL = 100001, HC_NOT_INITIALISED = 100002
 #define DRIVER_FUNCTIONS(X)                \
     X(cuInit)                              \
     X(cuDeviceGet)                         \
+    X(cuDeviceGetAttribute)                \
     X(cuDevicePrimaryCtxRetain)            \
     X(cuCtxSetCurrent)                     \
     X(cuMemGetAllocationGranularity)       \
@@ -41,6 +40,9 @@ DRIVER_FUNCTIONS(DECLARE_POINTER)
 
 static CUdevice device_handle = 0;
 static CUcontext primary_context = nullptr;
+// Blocks are created RDMA-capable where the device supports it with VMM: SGLang's PD transfer backends
+// (mooncake, nixl) register the KV pool with the NIC.
+static int rdma_capable = 0;
 
 // Driver calls need a current context and Python may call from any thread: make the primary one current.
 #define ENSURE_CONTEXT() CHECK_DRV(p_cuCtxSetCurrent(primary_context))
@@ -50,6 +52,7 @@ static CUmemAllocationProp allocation_prop(int device) {
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
+    prop.allocFlags.gpuDirectRDMACapable = (unsigned char)rdma_capable;
     return prop;
 }
 
@@ -66,7 +69,16 @@ int hc_init(int device) {
     CHECK_DRV(p_cuInit(0));
     CHECK_DRV(p_cuDeviceGet(&device_handle, device));
     CHECK_DRV(p_cuDevicePrimaryCtxRetain(&primary_context, device_handle));
+    CHECK_DRV(p_cuDeviceGetAttribute(&rdma_capable, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                     device_handle));
     ENSURE_CONTEXT();
+    return 0;
+}
+
+int hc_rdma_capable(int device, int *out) {
+    (void)device;
+    if (!p_cuInit) return HC_NOT_INITIALISED;
+    *out = rdma_capable;
     return 0;
 }
 
@@ -115,14 +127,40 @@ int hc_destroy_blocks(const uint64_t *handles, int64_t num_handles) {
     return 0;
 }
 
-// Block by block: cuMemUnmap cannot split a mapping, and each block was mapped on its own.
+// One block per cuMemUnmap: cuMemUnmap cannot split a mapping, and each block was mapped on its own.
 int hc_unmap(uint64_t addr, uint64_t num_bytes, uint64_t block_bytes) {
     ENSURE_CONTEXT();
     for (uint64_t at = addr; at < addr + num_bytes; at += block_bytes) CHECK_DRV(p_cuMemUnmap(at, block_bytes));
     return 0;
 }
 
-// Maps handles[i] at addr + i * block_bytes with read/write access for device; all-or-nothing.
+// Unmaps one block at each of addrs[0..num_blocks) (a chunk's blocks, one per K/V buffer).
+int hc_unmap_blocks(const uint64_t *addrs, int64_t num_blocks, uint64_t block_bytes) {
+    ENSURE_CONTEXT();
+    for (int64_t i = 0; i < num_blocks; i++) CHECK_DRV(p_cuMemUnmap(addrs[i], block_bytes));
+    return 0;
+}
+
+// Maps handles[i] at addrs[i] with read/write access for device; all-or-nothing.
+int hc_map_blocks_at(const uint64_t *addrs, uint64_t block_bytes, const uint64_t *handles, int64_t num_blocks,
+                     int device) {
+    ENSURE_CONTEXT();
+    CUmemAccessDesc access = {};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (int64_t i = 0; i < num_blocks; i++) {
+        CUresult rc = p_cuMemMap(addrs[i], block_bytes, 0, handles[i], 0);
+        if (rc == CUDA_SUCCESS) rc = p_cuMemSetAccess(addrs[i], block_bytes, &access, 1);
+        if (rc != CUDA_SUCCESS) {
+            for (int64_t j = 0; j <= i; j++) p_cuMemUnmap(addrs[j], block_bytes);
+            return (int)rc;
+        }
+    }
+    return 0;
+}
+
+// Maps handles[i] at addr + i * block_bytes, one cuMemSetAccess for the whole range; all-or-nothing.
 int hc_map_blocks(uint64_t addr, uint64_t block_bytes, const uint64_t *handles, int64_t num_blocks, int device) {
     ENSURE_CONTEXT();
     for (int64_t i = 0; i < num_blocks; i++) {
@@ -142,21 +180,6 @@ int hc_map_blocks(uint64_t addr, uint64_t block_bytes, const uint64_t *handles, 
         return (int)rc;
     }
     return 0;
-}
-
-// torch.cuda.memory.CUDAPluggableAllocator entry points: allocations come from lent blocks that
-// Python registered with harvest_arena_add; NULL (torch raises OOM) when none fit.
-void *harvest_malloc(ssize_t size, int device, void *stream) {
-    (void)device;
-    (void)stream;
-    return harvest_arena_alloc(size);
-}
-
-void harvest_free(void *ptr, ssize_t size, int device, void *stream) {
-    (void)size;
-    (void)device;
-    (void)stream;
-    harvest_arena_free(ptr);
 }
 
 }  // extern "C"

@@ -6,7 +6,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "block_arena.h"
 #include "vmm_check.h"
 
 static const int reserve_flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
@@ -62,6 +61,28 @@ int hv_map_blocks(uint64_t addr, uint64_t block_bytes, int64_t handle, const uin
     return 0;
 }
 
+/* Unmaps one block at each of addrs[0..num_blocks) (a chunk's blocks, one per K/V buffer). */
+int hv_unmap_blocks(const uint64_t *addrs, int64_t num_blocks, uint64_t block_bytes) {
+    for (int64_t i = 0; i < num_blocks; i++) {
+        int err = hv_unmap(addrs[i], block_bytes);
+        if (err) return err;
+    }
+    return 0;
+}
+
+/* Maps block offsets[i] of the memfd at addrs[i]; on failure the blocks mapped so far go back to PROT_NONE. */
+int hv_map_blocks_at(const uint64_t *addrs, uint64_t block_bytes, int64_t handle, const uint64_t *offsets,
+                     int64_t num_blocks) {
+    for (int64_t i = 0; i < num_blocks; i++) {
+        int err = hv_map_blocks(addrs[i], block_bytes, handle, &offsets[i], 1);
+        if (err) {
+            for (int64_t j = 0; j < i; j++) hv_unmap(addrs[j], block_bytes);
+            return err;
+        }
+    }
+    return 0;
+}
+
 /* Zeroes a mapped range by dropping its memfd pages (MADV_REMOVE): the next access reads fresh zero pages.
  * Costs page-table work, not a memset of the range. */
 int hv_zero(uint64_t addr, uint64_t num_bytes) {
@@ -74,19 +95,4 @@ int hv_page_bytes(uint64_t *out) {
     CHECK_SYS(page);
     *out = (uint64_t)page;
     return 0;
-}
-
-/* Same entry-point signatures as the CUDA pluggable allocator, over the host arena (tests route
- * through them on CPU). */
-void *harvest_malloc(ssize_t size, int device, void *stream) {
-    (void)device;
-    (void)stream;
-    return harvest_arena_alloc(size);
-}
-
-void harvest_free(void *ptr, ssize_t size, int device, void *stream) {
-    (void)size;
-    (void)device;
-    (void)stream;
-    harvest_arena_free(ptr);
 }

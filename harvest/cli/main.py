@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = {
     "bench": "harvest.cli.bench",
     "model": "harvest.cli.model",
     "bundle": "harvest.cli.bundle",
+    "doctor": "harvest.cli.doctor",
 }
 
 

@@ -1,13 +1,17 @@
-"""SM partitions of one GPU as pre-created stream pairs on disjoint green contexts (CUDA >= 12.4).
+"""SM partitions of one GPU as stream pairs on disjoint green contexts (CUDA >= 12.4).
 
-One `cuDevSmResourceSplitByCount` cuts the device into groups of the partition granularity (8 SMs on an
-H100: the driver's minimum and alignment for compute capability 9.x); a partition is a run of
-consecutive groups, decode taking the first `infer_sms // g` and finetune the next `ft_sms // g`. Both
-come from the same split, so they are disjoint by construction. Streams are created once, at start-up,
-for every partition the planner may pick; switching per step is a dictionary lookup.
+One `cuDevSmResourceSplitByCount` cuts the device into groups of at least the partition granularity (the
+driver's `minSmPartitionSize`, aligned to `smCoscheduledAlignment`: 8 SMs on an H100). The driver decides
+how many groups and how large: one H100 gives 16 groups of 8 + 4 SMs left over, another 15 + 12. A
+partition is a run of consecutive groups, decode taking a prefix whose SMs add up to `infer_sms` and
+finetune the groups right after it adding up to `ft_sms`; both come from the same split, so they are
+disjoint. A requested pair no run of groups forms is dropped with a warning (`dropped_pairs`); the planner
+may pick only `pairs`. A green context is created the first time one of its pairs is asked for, or up
+front with `prepare`, so a 136-pair grid does not create 136 contexts at start-up.
 """
 
 import logging
+from itertools import accumulate
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +27,20 @@ def _check(result):
     return values[0] if len(values) == 1 else values
 
 
+def group_runs(group_sms: list[int], infer_sms: int, ft_sms: int) -> tuple[range, range] | None:
+    """Group indices for decode (a prefix) and finetune (the run right after it) whose SM counts add up to
+    infer_sms and ft_sms; None when no such runs exist. Pure arithmetic over the driver's group sizes."""
+    ends = [0, *accumulate(group_sms)]                  # ends[k]: SMs in groups [0, k)
+    if infer_sms not in ends or ends.index(infer_sms) == 0:
+        return None
+    first = ends.index(infer_sms)
+    if ft_sms == 0:
+        return range(first), range(first, first)
+    if infer_sms + ft_sms not in ends:
+        return None
+    return range(first), range(first, ends.index(infer_sms + ft_sms))
+
+
 class GreenPartitions:
     def __init__(self, device_index: int, pairs: list[tuple[int, int]]):
         import torch
@@ -33,40 +51,60 @@ class GreenPartitions:
         self._torch_device = torch.device("cuda", device_index)
         resource = _check(driver.cuDeviceGetDevResource(self._device, driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
         self.num_sms = resource.sm.smCount
-        major = torch.cuda.get_device_capability(device_index)[0]
-        # Minimum SMs per green context and their alignment (CUDA docs, green contexts): 8 from sm_90.
-        self.granularity = 8 if major >= 9 else 4 if major == 8 else 2
-        max_groups = self.num_sms // self.granularity
-        groups, num_groups, _remaining = _check(
-            driver.cuDevSmResourceSplitByCount(max_groups, resource, 0, self.granularity))
+        self.granularity = max(resource.sm.minSmPartitionSize, resource.sm.smCoscheduledAlignment, 1)
+        groups, num_groups, remaining = _check(
+            driver.cuDevSmResourceSplitByCount(self.num_sms // self.granularity, resource, 0, self.granularity))
         self._groups = list(groups)[:num_groups]
-        self._streams: dict[tuple[int, int], object] = {}
-        self._pairs = {}
+        self.group_sms = [group.sm.smCount for group in self._groups]
+        self.remaining_sms = remaining.sm.smCount
+        self._runs: dict[tuple[int, int], tuple[range, range] | None] = {}
+        self.dropped_pairs: list[tuple[int, int]] = []
         for infer_sms, ft_sms in pairs:
-            self._pairs[(infer_sms, ft_sms)] = (self._stream_for(0, infer_sms), self._stream_for(infer_sms, ft_sms))
-        logger.info("harvest: %d SM partitions on %d SMs in groups of %d", len(self._pairs), self.num_sms,
-                    self.granularity)
+            runs = None if infer_sms >= self.num_sms else group_runs(self.group_sms, infer_sms, ft_sms)
+            if runs is None and not (infer_sms >= self.num_sms and ft_sms == 0):
+                self.dropped_pairs.append((infer_sms, ft_sms))
+                continue
+            self._runs[(infer_sms, ft_sms)] = runs
+        self._streams: dict[tuple[int, int], object] = {}   # (first group, end group) -> stream
+        if self.dropped_pairs:
+            logger.warning("harvest: the driver split %d SMs into groups %s + %d left over; %d of %d partitions "
+                           "cannot be formed and are dropped: %s", self.num_sms, self.group_sms, self.remaining_sms,
+                           len(self.dropped_pairs), len(pairs), self.dropped_pairs[:8])
+        logger.info("harvest: %d SM partitions on %d SMs, groups %s", len(self._runs), self.num_sms, self.group_sms)
+
+    @property
+    def pairs(self) -> list[tuple[int, int]]:
+        """The (infer_sms, ft_sms) partitions this device forms: the only ones the planner may pick."""
+        return list(self._runs)
+
+    @property
+    def num_contexts(self) -> int:
+        return len(self._streams)
+
+    def prepare(self, pairs: list[tuple[int, int]]) -> None:
+        """Create the green contexts of these partitions now (start-up), not at their first step."""
+        for infer_sms, ft_sms in pairs:
+            self.streams(infer_sms, ft_sms)
 
     def streams(self, infer_sms: int, ft_sms: int):
-        """(decode stream, finetune stream or None) for a partition created at start-up."""
-        return self._pairs[(infer_sms, ft_sms)]
-
-    def _stream_for(self, first_sm: int, num_sms: int):
-        """A stream on a green context over SMs [first_sm, first_sm + num_sms); the whole device's own
-        stream when num_sms covers it, None for zero SMs."""
+        """(decode stream, finetune stream or None) of a partition in `pairs`."""
         import torch
-        from cuda.bindings import driver
 
-        if num_sms == 0:
-            return None
-        if first_sm == 0 and num_sms >= self.num_sms:
-            return torch.cuda.default_stream(self._torch_device)
-        key = (first_sm, num_sms)
+        if (infer_sms, ft_sms) not in self._runs:
+            raise KeyError(f"partition ({infer_sms}, {ft_sms}) is not formed on this device; pick one of `pairs`")
+        runs = self._runs[(infer_sms, ft_sms)]
+        if runs is None:                                # the whole device, decode alone
+            return torch.cuda.default_stream(self._torch_device), None
+        decode_groups, finetune_groups = runs
+        return self._stream_for(decode_groups), self._stream_for(finetune_groups) if ft_sms else None
+
+    def _stream_for(self, group_ids: range):
+        key = (group_ids.start, group_ids.stop)
         if key not in self._streams:
-            g = self.granularity
-            if first_sm % g or num_sms % g or (first_sm + num_sms) // g > len(self._groups):
-                raise ValueError(f"SMs [{first_sm}, {first_sm + num_sms}) do not fall on {g}-SM groups")
-            chosen = self._groups[first_sm // g:(first_sm + num_sms) // g]
+            import torch
+            from cuda.bindings import driver
+
+            chosen = self._groups[group_ids.start:group_ids.stop]
             desc = _check(driver.cuDevResourceGenerateDesc(chosen, len(chosen)))
             green_ctx = _check(driver.cuGreenCtxCreate(desc, self._device,
                                                        driver.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))

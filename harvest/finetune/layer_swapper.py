@@ -78,14 +78,16 @@ class LayerSwapper:
         if layer_id in self._ready_events:
             return True
         groups = self._groups[layer_id]
-        # On CUDA the storage comes from the copy stream's pool and starts filling at once, overlapping the
-        # running unit; `wait` records the compute stream on it, so after eviction it is reused only once
-        # the compute kernels that read it have finished.
+        # On CUDA the storage starts filling at once on the copy stream, overlapping the running unit. The
+        # memory records the copy stream now and the compute stream in `wait`, so eviction (even right
+        # after this prefetch, as shrink_window does) frees the storage only once both are done with it.
         with torch.cuda.stream(self._copy_stream) if self._is_cuda else contextlib.nullcontext():
             if not self._alloc_resident(groups):
                 return False
             for group in groups:
                 group.resident.copy_(group.host, non_blocking=self._is_cuda)
+                if self._is_cuda:
+                    self.memory.record_stream(group.resident, self._copy_stream)
                 offset = 0
                 for param, shape in zip(group.params, group.shapes):
                     param.data = group.resident[offset: offset + shape.numel()].view(shape)
@@ -116,7 +118,7 @@ class LayerSwapper:
             compute_stream = torch.cuda.current_stream(self.device)
             compute_stream.wait_event(event)
             for group in self._groups[layer_id]:
-                group.resident.record_stream(compute_stream)
+                self.memory.record_stream(group.resident, compute_stream)
             self._ready_events[layer_id] = None
 
     def evict(self, layer_id: int) -> None:

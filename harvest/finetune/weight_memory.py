@@ -14,6 +14,9 @@ class WeightMemory(Protocol):
     def alloc_tensor(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """A tensor for one layer's frozen weights; MemoryError when none can be had right now."""
 
+    def record_stream(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        """`stream` uses the tensor: free_tensor must not let its memory go before that work is done."""
+
     def free_tensor(self, tensor: torch.Tensor) -> None:
         """Give back a tensor from alloc_tensor; no view of it is used afterwards."""
 
@@ -24,6 +27,9 @@ class TorchWeightMemory:
 
     def alloc_tensor(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=dtype, device=self.device)
+
+    def record_stream(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        tensor.record_stream(stream)
 
     def free_tensor(self, tensor: torch.Tensor) -> None:
         pass  # torch frees the storage with its last reference

@@ -29,10 +29,12 @@ class ChunkTokenToKVPoolAllocator(TokenToKVPoolAllocator):
             self.free_pages = self.free_pages[~self._in_lent_chunk(self.free_pages)]
 
     def alloc(self, need_size: int):
-        # Sort only when a released slot would be among the need_size lowest (a full sort of a
-        # 100k-slot pool costs milliseconds on CPU).
+        # On CPU, sort only when a released slot would be among the need_size lowest (a full sort of a
+        # 100k-slot pool costs milliseconds there). On a GPU that test is a device-to-host sync on every
+        # token allocation; the sort itself is queued without one, so it always runs.
         if len(self.release_pages) > 0 and need_size > 0 and (
-                need_size > len(self.free_pages) or bool(self.release_pages.min() < self.free_pages[need_size - 1])):
+                self.free_pages.is_cuda or need_size > len(self.free_pages)
+                or bool(self.release_pages.min() < self.free_pages[need_size - 1])):
             self.merge_and_sort_free()
         return super().alloc(need_size)
 
@@ -61,7 +63,12 @@ class ChunkTokenToKVPoolAllocator(TokenToKVPoolAllocator):
         """Chunks with every slot free, highest id first; chunk 0 holds the padded slot 0 and never lends."""
         free_counts = self.num_free_slots_per_chunk().tolist()
         return [c for c in range(self.num_chunks - 1, 0, -1)
-                if c not in self.lent_chunk_ids and free_counts[c] == len(self.chunk_slots(c))]
+                if c not in self.lent_chunk_ids and free_counts[c] == self.num_chunk_slots(c)]
+
+    def num_chunk_slots(self, chunk_id: int) -> int:
+        """len(chunk_slots(chunk_id)), without making a device tensor."""
+        first = max(1, chunk_id * self.slots_per_chunk)
+        return max(0, min(self.size, (chunk_id + 1) * self.slots_per_chunk - 1) - first + 1)
 
     def withdraw_chunk(self, chunk_id: int) -> None:
         """Take every slot of an all-free chunk out of circulation (before its memory is lent)."""
@@ -90,7 +97,7 @@ class ChunkTokenToKVPoolAllocator(TokenToKVPoolAllocator):
     @property
     def num_lent_slots(self) -> int:
         """Slots out of circulation; SGLang's idle leak check must count them as available."""
-        return sum(len(self.chunk_slots(c)) for c in self.lent_chunk_ids)
+        return sum(self.num_chunk_slots(c) for c in self.lent_chunk_ids)
 
     def _in_lent_chunk(self, slots: torch.Tensor) -> torch.Tensor:
         lent = torch.tensor(sorted(self.lent_chunk_ids), dtype=torch.int64, device=self.device)

@@ -1,0 +1,33 @@
+"""Check: one doctor check, its expected value and what a different value means; CheckResult: its outcome."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+PASS, FAIL, INFO, SKIP = "PASS", "FAIL", "INFO", "SKIP"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    run: Callable[[], dict]
+    """Returns {"status": PASS/FAIL/INFO, **measured values}; an exception is a FAIL naming it."""
+    expected: str
+    if_different: str
+    needs_gpu: bool = False
+    isolated: bool = False
+    """Run in a subprocess of its own: the check may leave the CUDA context dead (a fault is its finding)."""
+    gate: bool = False
+    """Later checks of the same tier depend on it: a FAIL here skips them."""
+
+
+@dataclass(slots=True)
+class CheckResult:
+    check: str
+    status: str
+    expected: str
+    if_different: str
+    values: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"check": self.check, "status": self.status, **self.values, "expected": self.expected,
+                "if_different": self.if_different}

@@ -1,0 +1,283 @@
+"""GPU checks of the memory path: driver facts, the CUDA VMM backend, unmapping with work in flight, KV
+lending and the weight window (torch + cuda-python; the reference is shared/gpu/smoke_gpu.py)."""
+
+import ctypes
+import time
+
+from harvest.doctor.check import FAIL, PASS, Check
+
+MIB = 1 << 20
+BLOCK = 2 * MIB
+
+
+def driver_value(result):
+    """cuda.bindings returns (CUresult, *values): raise on an error, return the values."""
+    from cuda.bindings import driver
+
+    err, *values = result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"driver call failed: {err}")
+    return values[0] if len(values) == 1 else values
+
+
+def gpu_env() -> dict:
+    import torch
+    from cuda.bindings import driver
+
+    props = torch.cuda.get_device_properties(0)
+    driver_value(driver.cuInit(0))
+    device = driver_value(driver.cuDeviceGet(0))
+    attr = driver.CUdevice_attribute
+    vmm = driver_value(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device))
+    rdma = driver_value(driver.cuDeviceGetAttribute(
+        attr.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device))
+    prop = driver.CUmemAllocationProp()
+    prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    flags = driver.CUmemAllocationGranularity_flags
+    granularity = driver_value(driver.cuMemGetAllocationGranularity(prop, flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
+    recommended = driver_value(driver.cuMemGetAllocationGranularity(prop, flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    ok = props.major >= 9 and vmm == 1 and granularity == BLOCK
+    return {"status": PASS if ok else FAIL, "name": props.name, "sms": props.multi_processor_count,
+            "cc": f"{props.major}.{props.minor}", "driver": driver_value(driver.cuDriverGetVersion()),
+            "torch_cuda": torch.version.cuda, "vmm": vmm, "gpudirect_rdma_with_vmm": rdma,
+            "granularity_min": granularity, "granularity_recommended": recommended}
+
+
+def gpu_native() -> dict:
+    import torch
+
+    from allocator.native_vmm import cuda_library
+
+    torch.cuda.init()
+    lib = cuda_library()
+    rc = lib.hc_init(0)
+    granularity = ctypes.c_uint64()
+    rc_granularity = lib.hc_granularity(0, ctypes.byref(granularity))
+    rdma = ctypes.c_int(-1)
+    rc_rdma = lib.hc_rdma_capable(0, ctypes.byref(rdma))
+    ok = rc == 0 and rc_granularity == 0 and rc_rdma == 0 and granularity.value == BLOCK
+    return {"status": PASS if ok else FAIL, "hc_init": rc, "hc_granularity": rc_granularity,
+            "granularity": granularity.value, "blocks_rdma_capable": rdma.value}
+
+
+def gpu_vmm() -> dict:
+    """CudaBackend create / reserve / map / alias / remap / unmap / release, 2 MiB and 6 MiB blocks."""
+    import torch
+
+    from allocator.cuda_backend import CudaBackend
+
+    torch.cuda.init()
+    free_before = torch.cuda.mem_get_info()[0]
+    backend = CudaBackend(8, BLOCK)
+    created = free_before - torch.cuda.mem_get_info()[0]
+    addr = backend.reserve(4 * BLOCK)
+    backend.map_blocks(addr, [3, 1, 0, 2])
+    view = backend.byte_tensor(addr, 4 * BLOCK)
+    for i in range(4):
+        view[i * BLOCK:(i + 1) * BLOCK].fill_(i + 1)
+    alias = backend.reserve(BLOCK)
+    backend.map_blocks(alias, [1])
+    alias_view = backend.byte_tensor(alias, BLOCK)
+    alias_reads = bool((alias_view == 2).all())
+    alias_view.fill_(9)
+    torch.cuda.synchronize()
+    alias_writes = bool((view[BLOCK:2 * BLOCK] == 9).all())
+    backend.unmap(alias, BLOCK)
+    backend.release(alias, BLOCK)
+    backend.remap_block(addr, 7)
+    view[:BLOCK].fill_(5)
+    torch.cuda.synchronize()
+    remap_ok = bool((view[:BLOCK] == 5).all()) and bool((view[2 * BLOCK:3 * BLOCK] == 3).all())
+    backend.unmap(addr, 4 * BLOCK)
+    backend.release(addr, 4 * BLOCK)
+    backend.close()
+    six = CudaBackend(2, 6 * MIB)                   # lcm(2 MiB, 384-byte rows): SmolLM2's block
+    addr6 = six.reserve(12 * MIB)
+    six.map_blocks(addr6, [1, 0])
+    six.byte_tensor(addr6, 12 * MIB).fill_(7)
+    torch.cuda.synchronize()
+    six_ok = bool((six.byte_tensor(addr6, 12 * MIB) == 7).all())
+    six.unmap(addr6, 12 * MIB)
+    six.release(addr6, 12 * MIB)
+    six.close()
+    ok = alias_reads and alias_writes and remap_ok and six_ok and abs(created - 8 * BLOCK) <= 2 * BLOCK
+    return {"status": PASS if ok else FAIL, "created_bytes": created, "alias_reads": alias_reads,
+            "alias_writes": alias_writes, "remap_ok": remap_ok, "six_mib_blocks": six_ok}
+
+
+def gpu_stray_read() -> dict:
+    """What a read of a lent (unmapped) KV range does on the device: harvest expects a fault."""
+    import torch
+
+    from allocator.cuda_backend import CudaBackend
+
+    backend = CudaBackend(1, BLOCK)
+    addr = backend.reserve(BLOCK)
+    backend.map_blocks(addr, [0])
+    view = backend.byte_tensor(addr, BLOCK)
+    view.fill_(1)
+    torch.cuda.synchronize()
+    backend.unmap(addr, BLOCK)
+    try:
+        value = int(view.sum())
+        return {"status": FAIL, "outcome": "read returned", "value": value}
+    except RuntimeError as e:
+        return {"status": PASS, "outcome": "fault", "error": str(e).splitlines()[0]}
+
+
+def _unmap_inflight(mode: str) -> dict:
+    """ChunkPool.free_tensor of a lent tensor that a kernel (or an H2D copy) on another stream still uses:
+    harvest waits on the event of that work (`after`), then unmaps. Then the raw backend unmap without a
+    wait, to record what the driver does (unmap_ms about the in-flight time = cuMemUnmap waited)."""
+    import torch
+
+    from allocator.config import AllocatorConfig
+    from allocator.unified_allocator import UnifiedAllocator
+
+    config = AllocatorConfig(num_layers=16, kv_row_bytes=2048, num_chunks=4, backend="cuda")   # 32 blocks/chunk
+    allocator = UnifiedAllocator(config)
+    pool = allocator.chunk_pool
+    pool.lend(3)
+    num_bytes = config.blocks_per_chunk * BLOCK
+    results = {}
+    for label in ("harvest", "raw"):
+        tensor = pool.alloc_tensor((num_bytes,), torch.uint8)
+        tensor.fill_(1)
+        host = torch.ones(num_bytes, dtype=torch.uint8).pin_memory() if mode == "dma" else None
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()                  # the copy stream / SGLang's forward stream
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(int(2e8))             # ~100 ms of GPU clock, then touch the range
+            total = tensor.copy_(host, non_blocking=True) if mode == "dma" else tensor.sum(dtype=torch.int64)
+        done = torch.cuda.Event()
+        done.record(side)
+        started = time.perf_counter()
+        if label == "harvest":
+            pool.free_tensor(tensor, after=[done])
+        else:
+            _, addr, mapped_bytes, _ = pool._tensors[tensor.data_ptr()]
+            allocator.backend.unmap(addr, mapped_bytes)
+        unmap_ms = round((time.perf_counter() - started) * 1e3, 2)
+        try:
+            side.synchronize()
+            ok = mode == "dma" or int(total) == num_bytes
+            results[label] = {"unmap_ms": unmap_ms, "outcome": "no fault", "result_correct": ok}
+        except RuntimeError as e:
+            results[label] = {"unmap_ms": unmap_ms, "outcome": "fault", "error": str(e).splitlines()[0]}
+            break
+    status = PASS if results["harvest"].get("outcome") == "no fault" and results["harvest"]["result_correct"] else FAIL
+    return {"status": status, **results}
+
+
+def gpu_unmap_inflight_kernel() -> dict:
+    return _unmap_inflight("kernel")
+
+
+def gpu_unmap_inflight_dma() -> dict:
+    return _unmap_inflight("dma")
+
+
+def gpu_kv_lend_reclaim() -> dict:
+    import torch
+
+    from allocator.config import AllocatorConfig
+    from allocator.unified_allocator import UnifiedAllocator
+
+    config = AllocatorConfig(num_layers=4, kv_row_bytes=8 * 128 * 2, num_chunks=6, backend="cuda")
+    allocator = UnifiedAllocator(config)
+    try:
+        pool = allocator.chunk_pool
+        k, v = pool.kv_buffers(config.num_slots, (8, 128), torch.bfloat16)   # per layer [num_slots, 8, 128]
+        live = torch.arange(1, 2 * config.slots_per_chunk, device="cuda")
+        for i, buffer in enumerate(k + v):
+            buffer[live] = float(i + 1)
+        pool.lend(5)
+        pool.lend(4)
+        tensor = pool.alloc_tensor((config.blocks_per_chunk * config.block_bytes // 2,), torch.bfloat16)
+        tensor.fill_(-7.0)
+        torch.cuda.synchronize()
+        filled = bool((tensor == -7.0).all())
+        pool.free_tensor(tensor)
+        pool.reclaim(4)
+        pool.reclaim(5)
+        torch.cuda.synchronize()
+        intact = all(bool((b[live] == float(i + 1)).all()) for i, b in enumerate(k + v))
+        zeroed = all(bool((b[4 * config.slots_per_chunk:] == 0).all()) for b in k + v)
+    finally:
+        allocator.close()
+    ok = filled and intact and zeroed
+    return {"status": PASS if ok else FAIL, "filled": filled, "live_kv_intact": intact, "reclaimed_zeroed": zeroed}
+
+
+def gpu_swap_evict() -> dict:
+    """LayerSwapper over lent chunks: fetch -> wait -> forward is correct; a layer evicted right after its
+    prefetch started (what shrink_window does to the layer needed last) waits for the copy, no fault."""
+    import torch
+    from torch import nn
+
+    from allocator.config import AllocatorConfig
+    from allocator.unified_allocator import UnifiedAllocator
+    from harvest.finetune.layer_swapper import LayerSwapper
+
+    config = AllocatorConfig(num_layers=2, kv_row_bytes=2048, num_chunks=160, backend="cuda")   # 4 blocks/chunk
+    allocator = UnifiedAllocator(config)
+    try:
+        for chunk_id in range(1, config.num_chunks):
+            allocator.chunk_pool.lend(chunk_id)
+        layers = nn.ModuleList([nn.Sequential(nn.Linear(8192, 8192, bias=False)) for _ in range(2)])
+        reference = [layer[0].weight.detach().clone() for layer in layers]
+        for param in layers.parameters():
+            param.requires_grad_(False)
+        swapper = LayerSwapper(layers, torch.device("cuda"), memory=allocator)
+        swapper.fetch(0)
+        swapper.wait(0)
+        x = torch.randn(16, 8192, device="cuda")
+        correct = bool(torch.allclose(layers[0](x).cpu(), x.cpu() @ reference[0].T, atol=1e-2, rtol=1e-3))
+        swapper.evict(0)
+        swapper.fetch(1)                            # 256 MiB H2D on the copy stream ...
+        started = time.perf_counter()
+        swapper.evict(1)                            # ... evicted at once
+        evict_ms = round((time.perf_counter() - started) * 1e3, 2)
+        try:
+            torch.cuda.synchronize()
+            outcome = "no fault"
+        except RuntimeError as e:
+            outcome = f"fault: {str(e).splitlines()[0]}"
+    finally:
+        allocator.close()
+    return {"status": PASS if correct and outcome == "no fault" else FAIL, "window_forward_correct": correct,
+            "evict_ms": evict_ms, "outcome": outcome}
+
+
+GPU_MEMORY_CHECKS = [
+    Check("gpu_env", gpu_env, needs_gpu=True, gate=True,
+          expected="H100 SXM: sms 132 (PCIe 114), cc 9.0, driver >= 13000, torch_cuda 13.0, vmm 1, "
+                   "granularity_min 2097152; gpudirect_rdma_with_vmm recorded (1 needed for PD KV over RDMA)",
+          if_different="A wrong stack or no VMM: stop. gpudirect_rdma_with_vmm 0: mooncake cannot register "
+                       "the VMM KV pool for RDMA"),
+    Check("gpu_native", gpu_native, needs_gpu=True, gate=True,
+          expected="hc_init 0, granularity 2097152, blocks_rdma_capable = gpudirect_rdma_with_vmm",
+          if_different="100000: libcuda.so.1 not found (the CPU stub on LD_LIBRARY_PATH?); 100001: a missing "
+                       "driver symbol"),
+    Check("gpu_vmm", gpu_vmm, needs_gpu=True, isolated=True, gate=True,
+          expected="created_bytes about 16 MiB; alias_reads, alias_writes, remap_ok, six_mib_blocks true",
+          if_different="A mapping or access bug in hc_map_blocks (csrc/vmm/vmm_cuda.cpp)"),
+    Check("gpu_stray_read", gpu_stray_read, needs_gpu=True, isolated=True,
+          expected="outcome fault (illegal memory access): a lent KV range is unmapped",
+          if_different="A read of a lent range returned bytes: a stray KV access would go unnoticed"),
+    Check("gpu_unmap_inflight_kernel", gpu_unmap_inflight_kernel, needs_gpu=True, isolated=True,
+          expected="harvest: no fault, result_correct, unmap_ms about 100 (it waited for the kernel). "
+                   "raw: recorded (unmap_ms about 100: cuMemUnmap waits itself; about 0 + fault: it does not)",
+          if_different="harvest fault: free_tensor does not wait on the event of the work using the range"),
+    Check("gpu_unmap_inflight_dma", gpu_unmap_inflight_dma, needs_gpu=True, isolated=True,
+          expected="as gpu_unmap_inflight_kernel, for an H2D copy on a side stream (a prefetch)",
+          if_different="harvest fault: evicting a layer mid-prefetch can crash the worker"),
+    Check("gpu_kv_lend_reclaim", gpu_kv_lend_reclaim, needs_gpu=True, isolated=True,
+          expected="filled, live_kv_intact, reclaimed_zeroed all true",
+          if_different="A ChunkPool map/unmap bug on CUDA: live KV overwritten or finetune bytes leak into KV"),
+    Check("gpu_swap_evict", gpu_swap_evict, needs_gpu=True, isolated=True,
+          expected="window_forward_correct true, outcome no fault; evict_ms about the 256 MiB copy time",
+          if_different="A fault: evict does not wait for the layer's copy event before unmapping"),
+]

@@ -1,0 +1,134 @@
+"""Checks that run on any host: the stack, the native libraries and the host backend of the allocator."""
+
+import importlib.metadata
+import platform
+import signal
+import subprocess
+import sys
+
+from harvest.doctor.check import FAIL, PASS, Check
+
+PINNED = {"torch": "2.11.0", "sglang": "0.5.12", "transformers": "5.6.0", "llamafactory": "0.9.5"}
+PAGE_BLOCK_BYTES = 64 << 10
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def host_env() -> dict:
+    import torch
+
+    from allocator.native_vmm import CUDA_LIBRARY, HOST_LIBRARY
+    from base.native import NATIVE_BUILD_DIR
+    from base.cuda_driver import has_real_driver
+
+    versions = {name: _version(name) for name in PINNED}
+    stack_ok = all((versions[name] or "").split("+")[0] == pin for name, pin in PINNED.items())
+    host_library = (NATIVE_BUILD_DIR / HOST_LIBRARY).exists()
+    return {"status": PASS if stack_ok and host_library else FAIL, "python": platform.python_version(),
+            **versions, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+            "real_driver": has_real_driver(), "host_library": host_library,
+            "cuda_library": (NATIVE_BUILD_DIR / CUDA_LIBRARY).exists()}
+
+
+def host_vmm() -> dict:
+    """HostBackend map / alias / remap through libharvest_vmm_host.so (memfd + mmap)."""
+    from allocator.host_backend import HostBackend
+
+    block = PAGE_BLOCK_BYTES
+    backend = HostBackend(8, block)
+    try:
+        addr = backend.reserve(4 * block)
+        backend.map_blocks(addr, [3, 1, 0, 2])
+        view = backend.byte_tensor(addr, 4 * block)
+        for i in range(4):
+            view[i * block:(i + 1) * block].fill_(i + 1)
+        alias = backend.reserve(block)
+        backend.map_blocks(alias, [1])                  # block 1 sits at slot 1 of `addr` (value 2)
+        alias_view = backend.byte_tensor(alias, block)
+        alias_reads = bool((alias_view == 2).all())
+        alias_view.fill_(9)
+        alias_writes = bool((view[block:2 * block] == 9).all())
+        backend.unmap(alias, block)
+        backend.release(alias, block)
+        backend.remap_block(addr, 7)                    # slot 0: block 3 -> block 7
+        view[:block].fill_(5)
+        remap_ok = bool((view[:block] == 5).all()) and bool((view[2 * block:3 * block] == 3).all())
+        backend.unmap(addr, 4 * block)
+        backend.release(addr, 4 * block)
+    finally:
+        backend.close()
+    ok = alias_reads and alias_writes and remap_ok
+    return {"status": PASS if ok else FAIL, "alias_reads": alias_reads, "alias_writes": alias_writes,
+            "remap_ok": remap_ok}
+
+
+_STRAY_READ = """
+from allocator.host_backend import HostBackend
+backend = HostBackend(1, {block})
+addr = backend.reserve({block})
+backend.map_blocks(addr, [0])
+view = backend.byte_tensor(addr, {block})
+backend.unmap(addr, {block})                            # what lending does to a KV chunk's range
+print(int(view.sum()))
+"""
+
+
+def host_stray_read() -> dict:
+    """A read of an unmapped (lent) range must kill the process, never return bytes."""
+    proc = subprocess.run([sys.executable, "-c", _STRAY_READ.format(block=PAGE_BLOCK_BYTES)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    faulted = proc.returncode in (-signal.SIGSEGV, -signal.SIGBUS)
+    return {"status": PASS if faulted else FAIL, "returncode": proc.returncode,
+            "outcome": "fault" if faulted else f"returned {proc.stdout.strip()!r}"}
+
+
+def host_kv_lend_reclaim() -> dict:
+    """KV bytes of live chunks survive lending, tensor use and reclaim of other chunks; reclaimed chunks read zero."""
+    import torch
+
+    from allocator.config import AllocatorConfig
+    from allocator.unified_allocator import UnifiedAllocator
+
+    config = AllocatorConfig(num_layers=2, kv_row_bytes=4 * 16 * 2, num_chunks=6, block_bytes=PAGE_BLOCK_BYTES)
+    allocator = UnifiedAllocator(config)
+    try:
+        pool = allocator.chunk_pool
+        k, v = pool.kv_buffers(config.num_slots, (4, 16), torch.bfloat16)   # per layer [num_slots, 4, 16]
+        live = torch.arange(1, 2 * config.slots_per_chunk)
+        for i, buffer in enumerate(k + v):
+            buffer[live] = float(i + 1)
+        pool.lend(5)
+        pool.lend(4)
+        tensor = pool.alloc_tensor((config.blocks_per_chunk * config.block_bytes // 2,), torch.bfloat16)
+        tensor.fill_(-7.0)
+        filled = bool((tensor == -7.0).all())
+        pool.free_tensor(tensor)
+        pool.reclaim(4)
+        pool.reclaim(5)
+        intact = all(bool((b[live] == float(i + 1)).all()) for i, b in enumerate(k + v))
+        zeroed = all(bool((b[4 * config.slots_per_chunk:] == 0).all()) for b in k + v)
+    finally:
+        allocator.close()
+    ok = filled and intact and zeroed
+    return {"status": PASS if ok else FAIL, "filled": filled, "live_kv_intact": intact, "reclaimed_zeroed": zeroed}
+
+
+HOST_CHECKS = [
+    Check("host_env", host_env, expected=", ".join(f"{k} {v}" for k, v in PINNED.items()) + ", host_library true",
+          if_different="A stack other than the pinned one, or csrc/ not built (`make setup`): stop here",
+          gate=True),
+    Check("host_vmm", host_vmm, expected="alias_reads, alias_writes, remap_ok all true",
+          if_different="hv_map_blocks/hv_unmap (csrc/vmm/vmm_host.c) map the wrong pages: KV and finetune "
+                       "bytes would mix", gate=True),
+    Check("host_stray_read", host_stray_read, expected="outcome fault (SIGSEGV): a lent KV range is unmapped",
+          if_different="A stray KV read of a lent chunk would return bytes instead of failing loudly"),
+    Check("host_kv_lend_reclaim", host_kv_lend_reclaim,
+          expected="filled, live_kv_intact, reclaimed_zeroed all true",
+          if_different="ChunkPool lend/reclaim maps the wrong blocks (live KV overwritten) or leaks "
+                       "finetune bytes into reclaimed KV"),
+]

@@ -1,0 +1,51 @@
+"""`harvest doctor` on a CPU host: the CPU checks run for real and pass, the GPU checks are reported skipped."""
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from harvest.doctor import CHECKS, Check, run_checks
+from harvest.doctor.check import FAIL, PASS, SKIP
+
+
+def test_doctor_runs_cpu_checks_and_reports_gpu_checks_skipped(harvest_cli):
+    proc = subprocess.run([*harvest_cli, "doctor", "--json"], capture_output=True, text=True, timeout=300, check=False)
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [line["check"] for line in lines] == [c.name for c in CHECKS]
+    by_name = {line["check"]: line for line in lines}
+    for check in CHECKS:
+        line = by_name[check.name]
+        assert line["expected"] and line["if_different"]
+        if not check.needs_gpu:
+            assert line["status"] == PASS, line
+        elif not torch.cuda.is_available():
+            assert line["status"] == SKIP and "no CUDA device" in line["reason"], line
+    assert by_name["host_stray_read"]["outcome"] == "fault"
+    assert by_name["host_kv_lend_reclaim"]["reclaimed_zeroed"] is True
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_failed_gate_skips_what_depends_on_it_and_the_exit_code_says_so(harvest_cli):
+    def boom():
+        raise RuntimeError("no mapping")
+
+    checks = [Check("gate", boom, "ok", "bad", gate=True), Check("after", lambda: {"status": PASS}, "ok", "bad"),
+              Check("gpu", lambda: {"status": PASS}, "ok", "bad", needs_gpu=True)]
+    results = run_checks(checks, lambda r: None, skip_gpu=None)
+    assert [(r.check, r.status) for r in results] == [("gate", FAIL), ("after", SKIP), ("gpu", PASS)]
+    assert results[0].values["error"] == "RuntimeError: no mapping"
+    proc = subprocess.run([*harvest_cli, "doctor", "--only", "nope"], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "unknown check(s) nope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.gpu
+def test_doctor_gpu_checks_pass_on_a_gpu(harvest_cli):
+    """The checks harvest's own code must pass on a GPU (the INFO ones record the device and are not asserted)."""
+    must_pass = ["gpu_env", "gpu_native", "gpu_vmm", "gpu_stray_read", "gpu_unmap_inflight_kernel",
+                 "gpu_unmap_inflight_dma", "gpu_kv_lend_reclaim", "gpu_swap_evict", "gpu_split", "gpu_handoff"]
+    proc = subprocess.run([*harvest_cli, "doctor", "--json", "--only", ",".join(must_pass)], capture_output=True,
+                          text=True, timeout=1800, check=False)
+    lines = {line["check"]: line for line in map(json.loads, proc.stdout.splitlines())}
+    assert {name: lines[name]["status"] for name in must_pass} == dict.fromkeys(must_pass, PASS), proc.stdout
