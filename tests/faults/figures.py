@@ -6,7 +6,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from harvest.profiler.host_facts import cpu_model_name
+from harvest.profiler.live_profile import cpu_model_name
 
 FIGURES_PATH = Path(__file__).resolve().parents[2] / "runs" / "faults" / "figures.json"
 
