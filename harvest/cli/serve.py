@@ -1,6 +1,7 @@
 """`harvest serve`: an SGLang decode worker with harvest inside. Unrecognised flags go to SGLang."""
 
 import argparse
+import os
 
 from harvest.config import AdminConfig, ServeConfig
 
@@ -44,6 +45,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from harvest.models import resolve_model_path
     from harvest.native.cuda_driver import ensure_driver_or_stub
+    from harvest.native.system_libs import library_path_with_system_libs
     from harvest.worker_launcher import build_sglang_argv, check_port_free, flag_value, parse_sglang_args, port_flag
     from harvest.worker_supervisor import supervise
 
@@ -65,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
                     port_flag(args.passthrough, "--port", 30000), "--port")
     check_port_free(config.admin.host, config.admin.port, "--admin-port")
     is_cpu_host = ensure_driver_or_stub()
+    # SGLang's scheduler process loads the PD transfer engine, which links libibverbs (build/syslibs).
+    os.environ["LD_LIBRARY_PATH"] = library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))
     server_args = parse_sglang_args(build_sglang_argv(str(model_path), args.passthrough, is_cpu_host))
     return supervise(server_args, config, is_cpu_host)
 

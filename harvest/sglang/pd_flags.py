@@ -1,0 +1,57 @@
+"""The SGLang and sglang-router command lines of a one-host PD deployment, and their environment.
+
+Measured facts behind the flags (shared/STACK.md, issue 14): mooncake is SGLang's transfer engine; on a
+host with no RDMA device it finds 0 HCAs and moves KV over TCP by itself, so a CPU host must not pass
+--disaggregation-ib-device (SGLang fails on the missing InfiniBand sysfs path). SGLANG_HOST_IP keeps the
+transfer on loopback; MC_MIN_RPC_PORT / MC_MAX_RPC_PORT bound the ports mooncake listens on. The
+bootstrap server runs in the prefill worker; the router learns its port from `--prefill URL PORT`.
+"""
+
+import sys
+
+from harvest.worker_launcher import CPU_DEFAULT_FLAGS, CPU_ENGINE_ENV
+
+TRANSFER_BACKEND = "mooncake"
+TRANSFER_HOST = "127.0.0.1"
+# Each worker's mooncake engine gets its own port range, so two engines on one host never race for a port.
+NUM_TRANSFER_PORTS = 100
+
+
+def transfer_env(is_cpu_host: bool, first_rpc_port: int) -> dict[str, str]:
+    env = {"SGLANG_HOST_IP": TRANSFER_HOST, "MC_MIN_RPC_PORT": str(first_rpc_port),
+           "MC_MAX_RPC_PORT": str(first_rpc_port + NUM_TRANSFER_PORTS - 1)}
+    return {**env, **CPU_ENGINE_ENV} if is_cpu_host else env
+
+
+def transfer_flags(ib_device: str | None) -> list[str]:
+    flags = ["--disaggregation-transfer-backend", TRANSFER_BACKEND]
+    return flags + ["--disaggregation-ib-device", ib_device] if ib_device else flags
+
+
+def prefill_command(model_path: str, host: str, bootstrap_port: int, is_cpu_host: bool,
+                    ib_device: str | None, max_total_tokens: int | None) -> list[str]:
+    """A plain SGLang prefill worker (no harvest inside: the prefill side is untouched); --port follows."""
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+            "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bootstrap_port),
+            *transfer_flags(ib_device), "--host", host]
+    if max_total_tokens is not None:
+        argv += ["--max-total-tokens", str(max_total_tokens)]
+    if is_cpu_host:
+        for flag, values in CPU_DEFAULT_FLAGS.items():
+            if flag != "--disaggregation-transfer-backend":
+                argv += [flag, *values]
+    return argv
+
+
+def decode_flags(host: str, ib_device: str | None) -> list[str]:
+    """SGLang flags `harvest serve` passes on to its decode worker in a PD deployment; --port follows."""
+    return [*transfer_flags(ib_device), "--host", host]
+
+
+def router_command(host: str, metrics_port: int, prefill_url: str, bootstrap_port: int,
+                   decode_url: str, startup_timeout_s: int) -> list[str]:
+    """sglang-router in PD mode; --port follows."""
+    return [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+            "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
+            "--host", host, "--prometheus-host", host, "--prometheus-port", str(metrics_port),
+            "--worker-startup-timeout-secs", str(startup_timeout_s), "--log-level", "warn"]
