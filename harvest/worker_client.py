@@ -36,6 +36,15 @@ async def generate_prefilled(client: httpx.AsyncClient, url: str, input_ids: lis
     return await generate(client, url, prefilled_request(input_ids, max_new_tokens, room))
 
 
+def chat(url: str, question: str, max_tokens: int = 48, timeout_s: float = 300.0) -> str:
+    """One greedy chat completion (OpenAI route; the server applies the model's chat template)."""
+    body = {"model": "default", "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+            "temperature": 0.0}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=timeout_s)
+    response.raise_for_status()
+    return response.json()["choices"][0]["message"]["content"].strip()
+
+
 def read_last_step_seq(admin_url: str, timeout_s: float = 30.0) -> int:
     """Sequence number of the newest step record: pass it to read_steps_since to get the steps after it."""
     return read_stats(admin_url, timeout_s)["decode"]["decode_steps"]

@@ -12,6 +12,7 @@ BENCH_MODULES = {
     "allocator": "allocator.bench",
     "finetune": "harvest.finetune.bench",
     "serve": "harvest.bench_serve",
+    "pd": "harvest.deploy.bench_pd",
 }
 
 

@@ -42,12 +42,9 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from harvest.deploy import DeployConfig, PDDeployment
+    from harvest.deploy import DeployConfig
     from harvest.deploy.pd_deployment import wait_until_stopped
-    from harvest.models import EMBEDDED_MODEL_PLACEHOLDER, resolve_model_path
-    from harvest.native.cuda_driver import ensure_driver_or_stub
-    from harvest.native.system_libs import library_path_with_system_libs
-    from harvest.worker_launcher import check_port_free
+    from harvest.models import EMBEDDED_MODEL_PLACEHOLDER
 
     config = DeployConfig(
         model_path=args.model_path or EMBEDDED_MODEL_PLACEHOLDER, log_dir=Path(args.log_dir), host=args.host,
@@ -57,19 +54,16 @@ def run(args: argparse.Namespace) -> int:
         max_total_tokens=args.max_total_tokens, serve_args=tuple(args.passthrough),
         startup_timeout_s=args.startup_timeout_s,
     )
-    for flag in ("router_port", "router_metrics_port", "prefill_port", "bootstrap_port", "decode_port"):
-        check_port_free(config.host, getattr(config, flag), "--" + flag.replace("_", "-"))
-    check_port_free("127.0.0.1", config.admin_port, "--admin-port")
-    config = dataclasses.replace(config, model_path=str(resolve_model_path(config.model_path)))
-    is_cpu_host = ensure_driver_or_stub()
-    if is_cpu_host and config.ib_device:
-        raise HarvestError("--ib-device on a host without a GPU driver: mooncake moves KV over TCP here")
-    env = {"LD_LIBRARY_PATH": library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))}
-
+    deployment = prepare_deployment(config)
     stopping = []
+
+    def on_signal(signum, frame):
+        stopping.append(signum)
+        if deployment.router.proc is None:  # still starting: unwind start(), which stops what it started
+            raise KeyboardInterrupt
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda sig, frame: stopping.append(sig))
-    deployment = PDDeployment(config, is_cpu_host, env)
+        signal.signal(signum, on_signal)
     print(f"harvest deploy: starting prefill, decode and router; logs in {config.log_dir}", file=sys.stderr)
     try:
         deployment.start()
@@ -81,3 +75,23 @@ def run(args: argparse.Namespace) -> int:
         codes = deployment.stop()
     print(f"harvest deploy: stopped (exit codes {codes})", file=sys.stderr)
     return 0 if by_request and deployment.prefill_exit_code is None else 1
+
+
+def prepare_deployment(config):
+    """Check the ports, resolve the model, and give the processes the driver stub (CPU hosts) and the
+    transfer engine's system libraries; the deployment is returned unstarted."""
+    from harvest.deploy import PDDeployment
+    from harvest.models import resolve_model_path
+    from harvest.native.cuda_driver import ensure_driver_or_stub
+    from harvest.native.system_libs import library_path_with_system_libs
+    from harvest.worker_launcher import check_port_free
+
+    for flag in ("router_port", "router_metrics_port", "prefill_port", "bootstrap_port", "decode_port"):
+        check_port_free(config.host, getattr(config, flag), "--" + flag.replace("_", "-"))
+    check_port_free("127.0.0.1", config.admin_port, "--admin-port")
+    config = dataclasses.replace(config, model_path=str(resolve_model_path(config.model_path)))
+    is_cpu_host = ensure_driver_or_stub()
+    if is_cpu_host and config.ib_device:
+        raise HarvestError("--ib-device on a host without a GPU driver: mooncake moves KV over TCP here")
+    env = {"LD_LIBRARY_PATH": library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))}
+    return PDDeployment(config, is_cpu_host, env)

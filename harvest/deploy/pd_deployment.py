@@ -98,16 +98,19 @@ class PDDeployment:
     def start(self) -> "PDDeployment":
         """Start all three and wait until each serves; on any failure stop what started and raise."""
         timeout_s = self.config.startup_timeout_s
+        # No `with`: on an error or Ctrl-C the pool must not wait for the other worker to become ready.
+        pool = ThreadPoolExecutor(2)
         try:
-            with ThreadPoolExecutor(2) as pool:
-                workers = [pool.submit(self._start, "prefill worker", self.prefill, timeout_s),
-                           pool.submit(self._start, "decode worker (harvest serve)", self.decode, timeout_s)]
-                for worker in workers:
-                    worker.result()
+            workers = [pool.submit(self._start, "prefill worker", self.prefill, timeout_s),
+                       pool.submit(self._start, "decode worker (harvest serve)", self.decode, timeout_s)]
+            for worker in workers:
+                worker.result()
             self._start("router", self.router, timeout_s)
         except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
             self.stop()
             raise
+        pool.shutdown()
         return self
 
     @staticmethod

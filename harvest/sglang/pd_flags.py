@@ -15,6 +15,10 @@ TRANSFER_BACKEND = "mooncake"
 TRANSFER_HOST = "127.0.0.1"
 # Each worker's mooncake engine gets its own port range, so two engines on one host never race for a port.
 NUM_TRANSFER_PORTS = 100
+# The router's default checks a worker every 60 s and drops it after 3 failures; a lost prefill worker then
+# costs each request ~60 s of retries before a 500. SGLang's /health is a cheap 200 (no generation), so
+# checking every 5 s costs nothing and new requests fail at once ("no prefill worker") within ~10 s.
+ROUTER_HEALTH_FLAGS = ["--health-check-interval-secs", "5", "--health-failure-threshold", "2"]
 
 
 def transfer_env(is_cpu_host: bool, first_rpc_port: int) -> dict[str, str]:
@@ -40,6 +44,9 @@ def prefill_command(model_path: str, host: str, bootstrap_port: int, is_cpu_host
         for flag, values in CPU_DEFAULT_FLAGS.items():
             if flag != "--disaggregation-transfer-backend":
                 argv += [flag, *values]
+        # An idle SGLang scheduler busy-polls a core; between prompts the prefill worker would take it from
+        # the decode worker and its finetune job. It sleeps in zmq poll instead (woken by a new request).
+        argv.append("--sleep-on-idle")
     return argv
 
 
@@ -54,4 +61,5 @@ def router_command(host: str, metrics_port: int, prefill_url: str, bootstrap_por
     return [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
             "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
             "--host", host, "--prometheus-host", host, "--prometheus-port", str(metrics_port),
-            "--worker-startup-timeout-secs", str(startup_timeout_s), "--log-level", "warn"]
+            "--worker-startup-timeout-secs", str(startup_timeout_s), "--log-level", "warn",
+            *ROUTER_HEALTH_FLAGS]
