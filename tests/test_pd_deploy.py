@@ -113,6 +113,27 @@ def test_burst_through_the_router_reclaims_lent_chunks_with_exact_outputs(deploy
     assert after_job["finetune"]["state"] != "failed"
 
 
+def test_live_replay_through_the_router(deployment, tmp_path, harvest_cli):
+    """`harvest replay --target ROUTER --admin DECODE_ADMIN` is a real PD replay: every request is prefilled,
+    transferred and decoded (all tokens back, none failed), and the steps and the job's progress come from
+    harvest's decode worker."""
+    import json
+    import subprocess
+
+    out = tmp_path / "replay"
+    proc = subprocess.run([*harvest_cli, "replay", "--trace", "poisson:rate=2,duration=3,seed=1",
+                           "--max-context-tokens", "64", "--max-generated-tokens", "8", "--concurrency", "4",
+                           "--tpot-ms", "500", "--target", deployment.url, "--admin", deployment.admin_url,
+                           "--out", str(out), "--no-plots"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    live = json.loads((out / "results.json").read_text())["policies"]["live"]
+    decode = live["decode"]
+    assert decode["num_requests"] > 0 and decode["num_failed_requests"] == 0
+    assert decode["num_unfinished_requests"] == 0
+    assert decode["num_tokens_returned"] == decode["num_tokens_asked"]
+    assert live["finetune"]["num_steps"] is not None
+
+
 def test_lost_prefill_worker_fails_requests_clearly_and_decode_stops_cleanly(deployment):
     """Runs last (it kills the prefill worker). A request through the router then fails fast with an HTTP
     error instead of hanging; the deployment names the lost worker; the decode worker stays healthy, its
