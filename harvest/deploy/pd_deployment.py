@@ -13,8 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harvest.errors import HarvestError
-from harvest.sglang.pd_flags import decode_flags, prefill_command, router_command, transfer_env
-from harvest.sglang.pd_flags import NUM_TRANSFER_PORTS
+from harvest.sglang.pd_flags import NUM_TRANSFER_PORTS, decode_flags, prefill_command, router_command, transfer_env
 from harvest.worker_process import WorkerProcess
 
 logger = logging.getLogger(__name__)
@@ -50,9 +49,12 @@ class DeployConfig:
         ports = {"--router-port": self.router_port, "--router-metrics-port": self.router_metrics_port,
                  "--prefill-port": self.prefill_port, "--bootstrap-port": self.bootstrap_port,
                  "--decode-port": self.decode_port, "--admin-port": self.admin_port}
-        for flag, port in {**ports, "--first-transfer-port": self.first_transfer_port}.items():
-            if not 0 < port < 65536 - 2 * NUM_TRANSFER_PORTS * (flag == "--first-transfer-port"):
+        for flag, port in ports.items():
+            if not 0 < port < 65536:
                 raise HarvestError(f"{flag} {port} is not a usable TCP port")
+        if not 0 < self.first_transfer_port <= 65536 - 2 * NUM_TRANSFER_PORTS:
+            raise HarvestError(f"--first-transfer-port {self.first_transfer_port} leaves no room for "
+                               f"{2 * NUM_TRANSFER_PORTS} ports below 65536")
         if len(set(ports.values())) < len(ports):
             raise HarvestError(f"the deployment's ports must differ: {ports}")
         transfer = range(self.first_transfer_port, self.first_transfer_port + 2 * NUM_TRANSFER_PORTS)
