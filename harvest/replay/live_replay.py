@@ -1,12 +1,12 @@
 """Live replay: send a trace to a running `harvest serve` at the trace's times and record what it did.
 
-Each request is a plain greedy /generate (context length -> that many input ids, GeneratedTokens ->
-max_new_tokens with ignore_eos). Sent to the router of a PD deployment (`harvest deploy`) it is prefilled
-by the prefill worker and its KV transferred; sent to a worker on the `fake` backend it counts as prefilled.
-At most `max_concurrency` are in flight; a request that finds every slot taken waits, and the wait counts
-as its queue delay. Per-step latency comes from the worker's own records (`GET /harvest/steps`, polled
-while replaying); TPOT is per request, client side: (response time - send time) / tokens, so it includes
-the worker's scheduling of the request.
+Each request goes out as a pre-filled decode request (fake transfer: context length -> that many input
+ids, GeneratedTokens -> max_new_tokens with ignore_eos). Sent to the router of a PD deployment (`harvest
+deploy`) it is a real one: the router overwrites the bootstrap fields with its prefill worker's, so the
+prompt is prefilled and its KV transferred (tests/test_pd_deploy.py pins this). At most `max_concurrency` are in flight; a
+request that finds every slot taken waits, and the wait counts as its queue delay. Per-step latency comes
+from the worker's own records (`GET /harvest/steps`, polled while replaying); TPOT is per request, client
+side: (response time - send time) / tokens, so it includes the worker's scheduling of the request.
 Finetune progress is the admin API's `finetune` section, read before and after.
 """
 
@@ -20,10 +20,10 @@ import numpy as np
 
 from harvest.errors import HarvestError
 from harvest.replay.policy_summary import binned_series, cdf, decode_metrics
-from harvest.worker_client import generate, generate_request
+from harvest.worker_client import generate_prefilled
 from traces.trace import Trace
 
-# Prompt token ids: any ids the model's vocabulary holds; the values do not matter to the timing.
+# Token ids for the fake prefill: any ids the model's vocabulary holds; the values do not matter to decode.
 FIRST_TOKEN_ID = 3
 NUM_TOKEN_IDS = 200
 STEPS_POLL_S = 0.5
@@ -74,8 +74,8 @@ class LiveReplay:
                 try:
                     ids = [FIRST_TOKEN_ID + j % NUM_TOKEN_IDS for j in range(max(1, int(trace.context_tokens[i])))]
                     sent_s[i] = time.perf_counter() - started
-                    reply = await generate(
-                        client, self.target_url, generate_request(ids, int(trace.generated_tokens[i]))
+                    reply = await generate_prefilled(
+                        client, self.target_url, ids, int(trace.generated_tokens[i]), room=i
                     )
                     done_s[i] = time.perf_counter() - started
                     tokens[i] = int(

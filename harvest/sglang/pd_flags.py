@@ -15,15 +15,20 @@ TRANSFER_BACKEND = "mooncake"
 TRANSFER_HOST = "127.0.0.1"
 # Each worker's mooncake engine gets its own port range, so two engines on one host never race for a port.
 NUM_TRANSFER_PORTS = 100
-# The router's default checks a worker every 60 s and drops it after 3 failures; a lost prefill worker then
-# costs each request ~60 s of retries before a 500. SGLang's /health is a cheap 200 (no generation), so
-# checking every 5 s costs nothing and new requests fail at once ("no prefill worker") within ~10 s.
-ROUTER_HEALTH_FLAGS = ["--health-check-interval-secs", "5", "--health-failure-threshold", "2"]
+# The router's default checks a worker every 60 s and drops it after 3 failures: a lost prefill worker costs
+# each request ~60 s of retries before a 500. Checking every 10 s finds it in ~30 s; the 20 s timeout keeps a
+# worker whose HTTP server is slow on loaded cores from being dropped.
+ROUTER_HEALTH_FLAGS = ["--health-check-interval-secs", "10", "--health-failure-threshold", "3",
+                       "--health-check-timeout-secs", "20"]
 
 
-def transfer_env(is_cpu_host: bool, first_rpc_port: int) -> dict[str, str]:
+def worker_env(is_cpu_host: bool, first_rpc_port: int) -> dict[str, str]:
+    """Environment of a PD worker: loopback transfer, its own mooncake RPC ports, and a /health that only
+    says the server is up. SGLang's default /health runs a one-token generation; the router's checks then
+    take forwards from the decode worker and, behind a busy prefill, time out (measured > 5 s on 2 cores)."""
     env = {"SGLANG_HOST_IP": TRANSFER_HOST, "MC_MIN_RPC_PORT": str(first_rpc_port),
-           "MC_MAX_RPC_PORT": str(first_rpc_port + NUM_TRANSFER_PORTS - 1)}
+           "MC_MAX_RPC_PORT": str(first_rpc_port + NUM_TRANSFER_PORTS - 1),
+           "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
     return {**env, **CPU_ENGINE_ENV} if is_cpu_host else env
 
 
