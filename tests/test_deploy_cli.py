@@ -73,6 +73,7 @@ def test_a_decode_worker_that_cannot_start_stops_the_whole_deployment(harvest_cl
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 2, stderr
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("harvest deploy: error: decode worker (harvest serve): worker exited") and "decode.log" in last
+    assert last.startswith("harvest deploy: error: decode worker (harvest serve): worker exited")
+    assert "decode.log" in last
     assert "Traceback" not in stderr
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
