@@ -7,9 +7,9 @@ import psutil
 import pytest
 
 from harvest.deploy import DeployConfig
+from harvest.deploy.pd_deployment import free_deploy_ports
 from harvest.errors import HarvestError
 from harvest.sglang.pd_flags import NUM_TRANSFER_PORTS, decode_flags, prefill_command, router_command, worker_env
-from harvest.worker_process import free_ports
 
 
 def test_cpu_prefill_uses_tcp_transfer_and_cpu_flags_and_gpu_names_the_ib_device():
@@ -59,7 +59,7 @@ def test_bad_flags_are_one_line_errors(harvest_cli, tmp_path):
 def test_a_decode_worker_that_cannot_start_stops_the_whole_deployment(harvest_cli, tiny_model_dir, tmp_path):
     """The decode worker exits at once (a missing finetune YAML) while the prefill worker is starting: one
     line naming the decode worker and its log, exit 2, and the prefill worker stopped too (no orphan)."""
-    ports = free_ports(7)
+    ports = free_deploy_ports()
     flags = ["--model-path", str(tiny_model_dir), "--log-dir", str(tmp_path), "--max-total-tokens", "4096",
              "--port", str(ports[0]), "--router-metrics-port", str(ports[1]), "--prefill-port", str(ports[2]),
              "--bootstrap-port", str(ports[3]), "--decode-port", str(ports[4]), "--admin-port", str(ports[5]),

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from harvest.deploy import DeployConfig, PDDeployment
+from harvest.deploy.pd_deployment import free_deploy_ports
 from harvest.native.cuda_driver import ensure_driver_or_stub
 from harvest.native.system_libs import library_path_with_system_libs
 from harvest.worker_client import generate, generate_request, prefilled_request, read_stats, wait_for_stats
@@ -76,7 +77,7 @@ def reference(tiny_model_dir, tmp_path_factory):
 def deployment(tiny_model_dir, tmp_path_factory, reference):
     tmp = tmp_path_factory.mktemp("pd")
     job = write_job(tmp, tiny_model_dir)
-    ports = free_ports(7)
+    ports = free_deploy_ports()
     config = DeployConfig(
         model_path=str(tiny_model_dir), log_dir=tmp, router_port=ports[0], router_metrics_port=ports[1],
         prefill_port=ports[2], bootstrap_port=ports[3], decode_port=ports[4], admin_port=ports[5],

@@ -41,12 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     from harvest.cli.deploy import prepare_deployment
     from harvest.deploy import DeployConfig
+    from harvest.deploy.pd_deployment import free_deploy_ports
     from harvest.models import EMBEDDED_MODEL_PLACEHOLDER
 
     if args.num_requests < 1 or args.rounds < 1 or args.max_new_tokens < 4:
         raise ValueError("need --num-requests >= 1, --rounds >= 1, --max-new-tokens >= 4")
     log_dir = Path(args.log_dir)
-    ports = free_ports(9)
+    ports = free_deploy_ports() + free_ports(2)
     deployment = prepare_deployment(DeployConfig(
         model_path=args.model_path or EMBEDDED_MODEL_PLACEHOLDER, log_dir=log_dir / "pd", router_port=ports[0],
         router_metrics_port=ports[1], prefill_port=ports[2], bootstrap_port=ports[3], decode_port=ports[4],

@@ -16,7 +16,7 @@ import httpx
 
 from harvest.errors import HarvestError
 from harvest.sglang.pd_flags import NUM_TRANSFER_PORTS, decode_flags, prefill_command, router_command, worker_env
-from harvest.worker_process import WorkerProcess
+from harvest.worker_process import WorkerProcess, free_ports
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,15 @@ class DeployConfig:
         clash = [flag for flag, port in ports.items() if port in transfer]
         if clash:
             raise HarvestError(f"{', '.join(clash)} inside the transfer ports {transfer.start}-{transfer.stop - 1}")
+
+
+def free_deploy_ports() -> list[int]:
+    """Seven free ports for a deployment (router, metrics, prefill, bootstrap, decode, admin, first transfer
+    port), none of the first six inside the transfer ports' range."""
+    while True:
+        ports = free_ports(7)
+        if not any(ports[6] <= port < ports[6] + 2 * NUM_TRANSFER_PORTS for port in ports[:6]):
+            return ports
 
 
 class PDDeployment:
