@@ -6,13 +6,13 @@ import subprocess
 
 import httpx
 import pytest
-
 from conftest import free_port
+
 from base.errors import HarvestError
 from harvest.models.model_shape import SHAPES, ModelShape
 from harvest.models.random_model import RandomModelSpec, make_random_model
-from harvest.worker_client import generate_prefilled
-from harvest.worker_process import WorkerProcess
+from harvest.worker.client import generate_prefilled
+from harvest.worker.process import WorkerProcess
 
 
 def test_llama3_8b_preset_counts_the_published_parameters_and_bytes():

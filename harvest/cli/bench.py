@@ -16,6 +16,7 @@ BENCH_MODULES = {
     "allocator": "harvest.bench.allocator",
     "finetune": "harvest.finetune.bench",
     "serve": "harvest.bench.serve",
+    "pd": "harvest.deploy.bench_pd",
 }
 
 

@@ -1,9 +1,11 @@
 """`harvest demo`: the whole story on the embedded default model, on any machine (a CPU is enough).
 
-1. `harvest serve` on the embedded SmolLM2-135M with the demo LoRA job inside, under a TPOT target;
-2. a live replay of a stretch of the Azure conv trace against it (scaled to what a CPU serves):
-   comparison table, results.json and plots; the worker's stats, finetune section included;
-3. a clean stop (the job checkpoints its adapter);
+1. `harvest deploy` on the embedded SmolLM2-135M: a plain SGLang prefill worker, `harvest serve` as the decode
+   worker with the demo LoRA job inside under a TPOT target, and sglang-router; mooncake moves the KV;
+2. one question through the router, its real answer printed; then a live replay of a stretch of the Azure
+   conv trace through the router (scaled to what a CPU serves): comparison table, results.json and plots;
+   the decode worker's stats, finetune section included;
+3. a clean stop (the job checkpoints its adapter, all three processes exit);
 4. a simulated replay of the full one-hour conv trace for every policy.
 """
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import yaml
 
 DEMO_JOB = Path(__file__).resolve().parents[1] / "finetune" / "demo" / "demo.yaml"
+DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
 
 
 def add_parser(subparsers) -> None:
@@ -25,19 +28,20 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--window", default="20s",
                         help="stretch of the conv trace to replay live (default 20s: at x0.1, about 200 s of replay)")
     parser.add_argument("--rate-scale", type=float, default=0.1, help="live replay rate scale (default 0.1)")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--admin-port", type=int, default=30100)
+    parser.add_argument("--port", type=int, default=30000, help="router port (default 30000)")
+    parser.add_argument("--admin-port", type=int, default=30100, help="harvest admin port (default 30100)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from harvest.cli.deploy import prepare_deployment
     from harvest.cli.main import main as harvest_main
     from harvest.cli.status import print_stats_table
+    from harvest.deploy import DeployConfig
     from harvest.models import resolve_model_path
-    from harvest.worker.client import read_stats
-    from harvest.worker.process import WorkerProcess
+    from harvest.worker.client import chat, read_stats
 
     console = Console()
     out = Path(args.out)
@@ -49,27 +53,27 @@ def run(args: argparse.Namespace) -> int:
     job_path = out / "demo-job.yaml"
     job_path.write_text(yaml.safe_dump(job))
 
-    worker = WorkerProcess(
-        ["--model-path", str(model_path), "--max-total-tokens", "16384", "--finetune", str(job_path),
-         "--tpot-slo-ms", str(args.tpot_slo_ms)],
-        args.port, args.admin_port, out / "worker.log",
-    )
-    console.rule("1. harvest serve: SGLang decode worker + LoRA job inside")
-    with console.status("starting the worker (about a minute on a CPU) ..."):
+    console.rule("1. harvest deploy: SGLang prefill worker + harvest decode worker (LoRA job inside) + router")
+    with console.status("starting prefill, decode and router (a minute or two on a CPU) ..."):
         started = time.perf_counter()
-        worker.start()
-    console.print(f"ready in {time.perf_counter() - started:.0f} s: {worker.url}, admin {worker.admin_url}, "
-                  f"worker log {worker.log_path}")
+        deployment = prepare_deployment(DeployConfig(
+            model_path=str(model_path), log_dir=out, router_port=args.port, admin_port=args.admin_port,
+            serve_args=("--finetune", str(job_path), "--tpot-slo-ms", str(args.tpot_slo_ms)),
+        )).start()
+    console.print(f"ready in {time.perf_counter() - started:.0f} s: router {deployment.url}, "
+                  f"admin {deployment.admin_url}, logs in {out}")
     try:
-        console.rule(f"2. live replay: {args.window} of the conv trace at x{args.rate_scale}")
+        console.rule("2. a question through the router: prefilled, KV transferred, decoded by harvest")
+        console.print(f"[bold]Q:[/bold] {DEMO_QUESTION}\n[bold]A:[/bold] {chat(deployment.url, DEMO_QUESTION)}")
+        console.rule(f"   live replay through the router: {args.window} of the conv trace at x{args.rate_scale}")
         harvest_main(["replay", "--trace", "conv", "--window", args.window, "--rate-scale", str(args.rate_scale),
                       "--max-context-tokens", "256", "--max-generated-tokens", "32", "--concurrency", "8",
-                      "--drain-s", "120", "--tpot-ms", str(args.tpot_slo_ms), "--target", worker.url,
-                      "--admin", worker.admin_url, "--out", str(out / "live")])
-        print_stats_table(read_stats(worker.admin_url), console)
+                      "--drain-s", "120", "--tpot-ms", str(args.tpot_slo_ms), "--target", deployment.url,
+                      "--admin", deployment.admin_url, "--out", str(out / "live")])
+        print_stats_table(read_stats(deployment.admin_url), console)
     finally:
         console.rule("3. stop: the finetune job checkpoints, every process exits")
-        code = worker.stop()
-    console.print(f"worker exit code {code}; adapter checkpoints in {out / 'adapter'}")
+        codes = deployment.stop()
+    console.print(f"exit codes {codes}; adapter checkpoints in {out / 'adapter'}")
     console.rule("4. simulated replay of the full one-hour conv trace, every policy")
     return harvest_main(["replay", "--trace", "conv", "--simulate", "--out", str(out / "sim")])

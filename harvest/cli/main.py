@@ -12,6 +12,7 @@ from base.errors import HarvestError
 
 SUBCOMMAND_MODULES = {
     "serve": "harvest.cli.serve",
+    "deploy": "harvest.cli.deploy",
     "status": "harvest.cli.status",
     "demo": "harvest.cli.demo",
     "profile": "harvest.cli.profile",

@@ -1,6 +1,7 @@
 """`harvest serve`: an SGLang decode worker with harvest inside. Unrecognised flags go to SGLang."""
 
 import argparse
+import os
 
 from harvest.config import AdminConfig, ServeConfig
 
@@ -52,6 +53,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from base.cuda_driver import ensure_driver_or_stub
+    from base.system_libs import library_path_with_system_libs
     from harvest.models import resolve_model_path
     from harvest.sglang.launcher import (
         build_sglang_argv,
@@ -78,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
                     port_flag(args.passthrough, "--port", 30000), "--port")
     check_port_free(config.admin.host, config.admin.port, "--admin-port")
     is_cpu_host = ensure_driver_or_stub()
+    # SGLang's scheduler process loads the PD transfer engine, which links libibverbs (build/syslibs).
+    os.environ["LD_LIBRARY_PATH"] = library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))
     server_args = parse_sglang_args(build_sglang_argv(str(model_path), args.passthrough, is_cpu_host))
     return supervise(server_args, config, is_cpu_host)
 

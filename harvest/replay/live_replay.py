@@ -1,7 +1,9 @@
 """Live replay: send a trace to a running `harvest serve` at the trace's times and record what it did.
 
 Each request goes out as a pre-filled decode request (fake transfer: context length -> that many input
-ids, GeneratedTokens -> max_new_tokens with ignore_eos). At most `max_concurrency` are in flight; a
+ids, GeneratedTokens -> max_new_tokens with ignore_eos). Sent to the router of a PD deployment (`harvest
+deploy`) it is a real one: the router overwrites the bootstrap fields with its prefill worker's, so the
+prompt is prefilled and its KV transferred (tests/test_pd_deploy.py pins this). At most `max_concurrency` are in flight; a
 request that finds every slot taken waits, and the wait counts as its queue delay. Per-step latency comes
 from the worker's own records (`GET /harvest/steps`, polled while replaying); TPOT is per request, client
 side: (response time - send time) / tokens, so it includes the worker's scheduling of the request.

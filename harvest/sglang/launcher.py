@@ -27,7 +27,8 @@ CPU_DEFAULT_FLAGS = {
     # result only after the next step ran: harvest would time two forwards as one step (measured with the
     # embedded model: 313 ms per step in harvest's records, 158 ms between streamed tokens).
     "--disable-overlap-schedule": [],
-    # No KV transfer engine runs without GPUs; `fake` treats every request as already prefilled.
+    # A lone decode worker has no prefill worker to receive KV from: `fake` treats every request as prefilled.
+    # In a PD deployment (`harvest deploy`) mooncake moves the KV, over TCP where there is no RDMA device.
     "--disaggregation-transfer-backend": ["fake"],
 }
 

@@ -1,4 +1,4 @@
-"""HTTP calls to a running harvest worker: pre-filled decode requests and admin reads."""
+"""HTTP calls to a running harvest worker or the PD router in front of it: /generate and admin reads."""
 
 import asyncio
 
@@ -10,20 +10,41 @@ FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 STEPS_PAGE = 10_000
 
 
-def prefilled_request(input_ids: list[int], max_new_tokens: int, room: int) -> dict:
+def generate_request(input_ids: list[int], max_new_tokens: int) -> dict:
+    """A greedy /generate body with no transfer fields: a PD router fills in its prefill worker's bootstrap
+    host, port and room (a real prefill and KV transfer); a worker on the `fake` backend decodes it as is."""
     return {
         "input_ids": input_ids,
         "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0},
-        "bootstrap_host": FAKE_BOOTSTRAP_HOST,
-        "bootstrap_room": room,
     }
+
+
+def prefilled_request(input_ids: list[int], max_new_tokens: int, room: int) -> dict:
+    """A request a decode worker takes as prefilled whatever its transfer backend (no prefill worker needed).
+    A PD router overwrites the bootstrap fields with its prefill worker's. (A `fake`-backend worker given no
+    bootstrap host at all crashes in SGLang 0.5.12's pre-allocation, so the fake host is always sent.)"""
+    return {**generate_request(input_ids, max_new_tokens), "bootstrap_host": FAKE_BOOTSTRAP_HOST,
+            "bootstrap_room": room}
+
+
+async def generate(client: httpx.AsyncClient, url: str, body: dict) -> dict:
+    response = await client.post(f"{url}/generate", json=body)
+    response.raise_for_status()
+    return response.json()
 
 
 async def generate_prefilled(client: httpx.AsyncClient, url: str, input_ids: list[int], max_new_tokens: int,
                              room: int) -> dict:
-    response = await client.post(f"{url}/generate", json=prefilled_request(input_ids, max_new_tokens, room))
+    return await generate(client, url, prefilled_request(input_ids, max_new_tokens, room))
+
+
+def chat(url: str, question: str, max_tokens: int = 48, timeout_s: float = 300.0) -> str:
+    """One greedy chat completion (OpenAI route; the server applies the model's chat template)."""
+    body = {"model": "default", "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+            "temperature": 0.0}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=timeout_s)
     response.raise_for_status()
-    return response.json()
+    return response.json()["choices"][0]["message"]["content"].strip()
 
 
 def read_last_step_seq(admin_url: str, timeout_s: float = 30.0) -> int:

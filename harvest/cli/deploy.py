@@ -1,0 +1,97 @@
+"""`harvest deploy`: a PD deployment on one host (SGLang prefill worker, harvest decode worker, router)."""
+
+import argparse
+import dataclasses
+import os
+import signal
+import sys
+
+from base.errors import HarvestError
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "deploy",
+        help="run prefill worker + harvest decode worker + sglang-router on this host (real KV transfer)",
+        description="Start a plain SGLang prefill worker, `harvest serve` as the decode worker and sglang-router "
+        "in PD mode on one host, with mooncake moving the KV cache between the workers (over TCP on loopback "
+        "without an RDMA device, over --ib-device with one). Prints the router URL; Ctrl-C or SIGTERM stops all "
+        "three. Flags not listed here go to `harvest serve` (e.g. --finetune JOB.yaml --tpot-slo-ms 300).",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--model-path", "--model", default=None,
+                        help="local HF model directory (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
+    parser.add_argument("--port", "--router-port", dest="router_port", type=int, default=30000,
+                        help="router port, where clients send requests (default 30000)")
+    parser.add_argument("--router-metrics-port", type=int, default=29000, help="router Prometheus port (default 29000)")
+    parser.add_argument("--prefill-port", type=int, default=30010, help="prefill worker port (default 30010)")
+    parser.add_argument("--bootstrap-port", type=int, default=8998, help="prefill KV bootstrap port (default 8998)")
+    parser.add_argument("--decode-port", type=int, default=30001, help="decode worker port (default 30001)")
+    parser.add_argument("--admin-port", type=int, default=30100, help="harvest admin port (default 30100)")
+    parser.add_argument("--first-transfer-port", type=int, default=31000,
+                        help="first of the 200 ports mooncake's RPC may use (default 31000)")
+    parser.add_argument("--ib-device", default=None,
+                        help="RDMA device for the KV transfer, e.g. mlx5_0 (GPU hosts; default: TCP)")
+    parser.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool of each worker (default 16384)")
+    parser.add_argument("--log-dir", default="runs/deploy", help="folder for the three logs (default runs/deploy)")
+    parser.add_argument("--startup-timeout-s", type=float, default=600.0, help="per process (default 600)")
+    parser.set_defaults(func=run, accepts_passthrough=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harvest.deploy import DeployConfig
+    from harvest.deploy.pd_deployment import wait_until_stopped
+    from harvest.models import EMBEDDED_MODEL_PLACEHOLDER
+
+    config = DeployConfig(
+        model_path=args.model_path or EMBEDDED_MODEL_PLACEHOLDER, log_dir=Path(args.log_dir), host=args.host,
+        router_port=args.router_port, router_metrics_port=args.router_metrics_port, prefill_port=args.prefill_port,
+        bootstrap_port=args.bootstrap_port, decode_port=args.decode_port, admin_port=args.admin_port,
+        first_transfer_port=args.first_transfer_port, ib_device=args.ib_device,
+        max_total_tokens=args.max_total_tokens, serve_args=tuple(args.passthrough),
+        startup_timeout_s=args.startup_timeout_s,
+    )
+    deployment = prepare_deployment(config)
+    stopping = []
+
+    def on_signal(signum, frame):
+        stopping.append(signum)
+        if deployment.router.proc is None:  # still starting: unwind start(), which stops what it started
+            raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, on_signal)
+    print(f"harvest deploy: starting prefill, decode and router; logs in {config.log_dir}", file=sys.stderr)
+    try:
+        deployment.start()
+        print(f"router {deployment.url}   decode admin {deployment.admin_url}   "
+              f"(prefill {deployment.prefill.url}, decode {deployment.decode.url})", flush=True)
+        by_request = wait_until_stopped(deployment, lambda: bool(stopping),
+                                        lambda problem: print(f"harvest deploy: error: {problem}", file=sys.stderr))
+    finally:
+        codes = deployment.stop()
+    print(f"harvest deploy: stopped (exit codes {codes})", file=sys.stderr)
+    return 0 if by_request and deployment.prefill_exit_code is None else 1
+
+
+def prepare_deployment(config):
+    """Check the ports, resolve the model, and give the processes the driver stub (CPU hosts) and the
+    transfer engine's system libraries; the deployment is returned unstarted."""
+    from base.cuda_driver import ensure_driver_or_stub
+    from base.system_libs import library_path_with_system_libs
+    from harvest.deploy import PDDeployment
+    from harvest.models import resolve_model_path
+    from harvest.sglang.launcher import check_port_free
+
+    for flag in ("router_port", "router_metrics_port", "prefill_port", "bootstrap_port", "decode_port"):
+        check_port_free(config.host, getattr(config, flag), "--" + flag.replace("_", "-"))
+    check_port_free("127.0.0.1", config.admin_port, "--admin-port")
+    config = dataclasses.replace(config, model_path=str(resolve_model_path(config.model_path)))
+    is_cpu_host = ensure_driver_or_stub()
+    if is_cpu_host and config.ib_device:
+        raise HarvestError("--ib-device on a host without a GPU driver: mooncake moves KV over TCP here")
+    env = {"LD_LIBRARY_PATH": library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))}
+    return PDDeployment(config, is_cpu_host, env)

@@ -1,0 +1,196 @@
+"""Start, watch and stop the three processes of a one-host PD deployment.
+
+Order: the prefill worker and `harvest serve` (the decode worker) start side by side, each health-checked;
+then the router, which must reach both. A stop goes the other way: the router first (no new requests),
+then the decode worker (drains, checkpoints the finetune job), then the prefill worker; each process and
+its children are reaped, so nothing outlives the deployment.
+"""
+
+import dataclasses
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from base.errors import HarvestError
+from harvest.sglang.pd_flags import (
+    NUM_TRANSFER_PORTS,
+    decode_flags,
+    prefill_command,
+    router_command,
+    worker_env,
+)
+from harvest.worker.process import WorkerProcess, free_ports
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeployConfig:
+    model_path: str
+    log_dir: Path
+    host: str = "127.0.0.1"
+    """Address every process binds; the deployment is one host, so loopback unless clients are remote."""
+    router_port: int = 30000
+    """Where clients send requests (SGLang's /generate and OpenAI routes)."""
+    router_metrics_port: int = 29000
+    """The router's Prometheus endpoint."""
+    prefill_port: int = 30010
+    bootstrap_port: int = 8998
+    """The prefill worker's KV bootstrap server (SGLang's default port)."""
+    decode_port: int = 30001
+    admin_port: int = 30100
+    """harvest's admin API on the decode worker."""
+    first_transfer_port: int = 31000
+    """mooncake's RPC ports: the prefill worker takes the first hundred from here, the decode worker the next."""
+    ib_device: str | None = None
+    """RDMA device for the KV transfer (GPU hosts); none means mooncake's TCP transport."""
+    max_total_tokens: int | None = 16384
+    """KV pool size of both workers (SGLang's --max-total-tokens)."""
+    serve_args: tuple[str, ...] = ()
+    """Further flags for `harvest serve` (the finetune job, the TPOT target, SGLang flags)."""
+    startup_timeout_s: float = 300.0
+
+    def __post_init__(self):
+        ports = {"--router-port": self.router_port, "--router-metrics-port": self.router_metrics_port,
+                 "--prefill-port": self.prefill_port, "--bootstrap-port": self.bootstrap_port,
+                 "--decode-port": self.decode_port, "--admin-port": self.admin_port}
+        for flag, port in ports.items():
+            if not 0 < port < 65536:
+                raise HarvestError(f"{flag} {port} is not a usable TCP port")
+        if not 0 < self.first_transfer_port <= 65536 - 2 * NUM_TRANSFER_PORTS:
+            raise HarvestError(f"--first-transfer-port {self.first_transfer_port} leaves no room for "
+                               f"{2 * NUM_TRANSFER_PORTS} ports below 65536")
+        if len(set(ports.values())) < len(ports):
+            raise HarvestError(f"the deployment's ports must differ: {ports}")
+        transfer = range(self.first_transfer_port, self.first_transfer_port + 2 * NUM_TRANSFER_PORTS)
+        clash = [flag for flag, port in ports.items() if port in transfer]
+        if clash:
+            raise HarvestError(f"{', '.join(clash)} inside the transfer ports {transfer.start}-{transfer.stop - 1}")
+
+
+def free_deploy_ports() -> list[int]:
+    """Seven free ports for a deployment (router, metrics, prefill, bootstrap, decode, admin, first transfer
+    port), none of the first six inside the transfer ports' range."""
+    while True:
+        ports = free_ports(7)
+        if not any(ports[6] <= port < ports[6] + 2 * NUM_TRANSFER_PORTS for port in ports[:6]):
+            return ports
+
+
+class PDDeployment:
+    def __init__(self, config: DeployConfig, is_cpu_host: bool, env: dict[str, str] | None = None):
+        """`env`: added to each process's environment (the CLI passes LD_LIBRARY_PATH with the driver stub
+        and the transfer engine's system libraries)."""
+        self.config = config
+        c, env = config, env or {}
+        self.prefill = WorkerProcess(
+            [], c.prefill_port, 0, c.log_dir / "prefill.log",
+            command=prefill_command(c.model_path, c.host, c.bootstrap_port, is_cpu_host, c.ib_device,
+                                    c.max_total_tokens),
+            env={**env, **worker_env(is_cpu_host, c.first_transfer_port)},
+        )
+        max_tokens = [] if c.max_total_tokens is None else ["--max-total-tokens", str(c.max_total_tokens)]
+        self.decode = WorkerProcess(
+            ["--model-path", c.model_path, *max_tokens, *decode_flags(c.host, c.ib_device), *c.serve_args],
+            c.decode_port, c.admin_port, c.log_dir / "decode.log",
+            env={**env, **worker_env(is_cpu_host, c.first_transfer_port + NUM_TRANSFER_PORTS)},
+        )
+        self.router = WorkerProcess(
+            [], c.router_port, 0, c.log_dir / "router.log",
+            command=router_command(c.host, c.router_metrics_port, self.prefill.url, c.bootstrap_port,
+                                   self.decode.url, int(c.startup_timeout_s)),
+            env=env,
+        )
+        self.prefill_exit_code: int | None = None
+
+    @property
+    def url(self) -> str:
+        return self.router.url
+
+    @property
+    def admin_url(self) -> str:
+        return self.decode.admin_url
+
+    def start(self) -> "PDDeployment":
+        """Start all three and wait until each serves; on any failure stop what started and raise."""
+        timeout_s = self.config.startup_timeout_s
+        # No `with`: on an error or Ctrl-C the pool must not wait for the other worker to become ready.
+        pool = ThreadPoolExecutor(2)
+        try:
+            workers = [pool.submit(self._start, "prefill worker", self.prefill, timeout_s),
+                       pool.submit(self._start, "decode worker (harvest serve)", self.decode, timeout_s)]
+            for worker in workers:
+                worker.result()
+            self._start("router", self.router, timeout_s)
+            self._wait_router_ready(timeout_s)
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            self.stop()
+            raise
+        pool.shutdown()
+        return self
+
+    @staticmethod
+    def _start(name: str, process: WorkerProcess, timeout_s: float) -> None:
+        try:
+            process.start(timeout_s)
+        except HarvestError as e:
+            raise HarvestError(f"{name}: {e}") from None
+
+    def _wait_router_ready(self, timeout_s: float) -> None:
+        """The router answers /health before it has found its workers; /readiness is 200 once it sees a
+        healthy prefill and decode worker (503 "insufficient healthy workers" until then)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.router.proc.poll() is not None:
+                raise HarvestError(f"router exited with {self.router.proc.returncode}; log: {self.router.log_path}")
+            try:
+                if httpx.get(f"{self.router.url}/readiness", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise HarvestError(f"router: no healthy prefill and decode worker reachable after {timeout_s:.0f} s "
+                           f"(prefill {self.prefill.url}, decode {self.decode.url}); log: {self.router.log_path}")
+
+    def check(self) -> list[str]:
+        """One line per process that exited since the last check; the prefill worker's loss is not fatal."""
+        problems = []
+        if self.prefill_exit_code is None and self.prefill.proc.poll() is not None:
+            self.prefill_exit_code = self.prefill.proc.returncode
+            problems.append(f"the prefill worker exited with {self.prefill_exit_code} (log: {self.prefill.log_path}): "
+                            "new requests fail at the router; the decode worker keeps serving what it holds")
+        for name, process in (("decode worker", self.decode), ("router", self.router)):
+            if process.proc.poll() is not None:
+                problems.append(f"the {name} exited with {process.proc.returncode} (log: {process.log_path})")
+        return problems
+
+    def is_fatal(self) -> bool:
+        return any(p.proc is not None and p.proc.poll() is not None for p in (self.decode, self.router))
+
+    def stop(self) -> dict[str, int]:
+        """Stop router, decode worker, prefill worker in turn; their exit codes, by name."""
+        codes = {}
+        for name, process in (("router", self.router), ("decode", self.decode), ("prefill", self.prefill)):
+            codes[name] = process.stop()
+        return codes
+
+    def __enter__(self) -> "PDDeployment":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def wait_until_stopped(deployment: PDDeployment, is_stopping, on_problem, poll_s: float = 1.0) -> bool:
+    """Watch the deployment until `is_stopping()` or a fatal exit; True if it ended by request."""
+    while not is_stopping():
+        for problem in deployment.check():
+            on_problem(problem)
+        if deployment.is_fatal():
+            return False
+        time.sleep(poll_s)
+    return True

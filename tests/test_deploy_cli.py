@@ -1,0 +1,85 @@
+"""`harvest deploy`: the command lines it builds for each device, and bad input as one line, no traceback,
+no process left behind."""
+
+import subprocess
+
+import psutil
+import pytest
+
+from base.errors import HarvestError
+from harvest.deploy import DeployConfig
+from harvest.deploy.pd_deployment import free_deploy_ports
+from harvest.sglang.pd_flags import (
+    NUM_TRANSFER_PORTS,
+    decode_flags,
+    prefill_command,
+    router_command,
+    worker_env,
+)
+
+
+def test_cpu_prefill_uses_tcp_transfer_and_cpu_flags_and_gpu_names_the_ib_device():
+    cpu = prefill_command("M", "127.0.0.1", 8998, is_cpu_host=True, ib_device=None, max_total_tokens=4096)
+    assert cpu[cpu.index("--disaggregation-mode") + 1] == "prefill"
+    assert cpu[cpu.index("--disaggregation-transfer-backend") + 1] == "mooncake"
+    assert cpu[cpu.index("--disaggregation-bootstrap-port") + 1] == "8998"
+    # SGLang fails on a CPU host given an IB device ("InfiniBand sysfs path not found").
+    assert "--disaggregation-ib-device" not in cpu and "fake" not in cpu
+    assert {"--device", "--attention-backend", "--sleep-on-idle"} <= set(cpu)
+    gpu = prefill_command("M", "127.0.0.1", 8998, is_cpu_host=False, ib_device="mlx5_0", max_total_tokens=None)
+    assert gpu[gpu.index("--disaggregation-ib-device") + 1] == "mlx5_0" and "--device" not in gpu
+    assert decode_flags("127.0.0.1", "mlx5_0")[:4] == ["--disaggregation-transfer-backend", "mooncake",
+                                                     "--disaggregation-ib-device", "mlx5_0"]
+    router = router_command("127.0.0.1", 29000, "http://127.0.0.1:30010", 8998, "http://127.0.0.1:30001", 60)
+    assert router[router.index("--prefill") + 1: router.index("--prefill") + 3] == ["http://127.0.0.1:30010", "8998"]
+
+
+def test_worker_env_keeps_loopback_and_disjoint_rpc_ports():
+    prefill, decode = worker_env(True, 31000), worker_env(True, 31000 + NUM_TRANSFER_PORTS)
+    assert prefill["SGLANG_HOST_IP"] == "127.0.0.1" and prefill["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert int(prefill["MC_MAX_RPC_PORT"]) < int(decode["MC_MIN_RPC_PORT"])
+    assert "SGLANG_USE_CPU_ENGINE" not in worker_env(False, 31000)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"bootstrap_port": 70000}, "--bootstrap-port 70000 is not a usable TCP port"),
+    ({"decode_port": 30000}, "ports must differ"),
+    ({"first_transfer_port": 28950}, "^--router-metrics-port inside the transfer ports 28950-29149$"),
+])
+def test_deploy_config_names_the_bad_port(tmp_path, overrides, message):
+    with pytest.raises(HarvestError, match=message):
+        DeployConfig(model_path="M", log_dir=tmp_path, **overrides)
+
+
+def test_bad_flags_are_one_line_errors(harvest_cli, tmp_path):
+    bad = [["--port", "0"], ["--decode-port", "30000"], ["--model-path", str(tmp_path)]]
+    for flags in bad:
+        proc = subprocess.run([*harvest_cli, "deploy", *flags, "--log-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("harvest deploy: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.sglang
+def test_a_decode_worker_that_cannot_start_stops_the_whole_deployment(harvest_cli, tiny_model_dir, tmp_path):
+    """The decode worker exits at once (a missing finetune YAML) while the prefill worker is starting: one
+    line naming the decode worker and its log, exit 2, and the prefill worker stopped too (no orphan)."""
+    ports = free_deploy_ports()
+    flags = ["--model-path", str(tiny_model_dir), "--log-dir", str(tmp_path), "--max-total-tokens", "4096",
+             "--port", str(ports[0]), "--router-metrics-port", str(ports[1]), "--prefill-port", str(ports[2]),
+             "--bootstrap-port", str(ports[3]), "--decode-port", str(ports[4]), "--admin-port", str(ports[5]),
+             "--first-transfer-port", str(ports[6]), "--finetune", str(tmp_path / "missing.yaml"),
+             "--tpot-slo-ms", "300"]
+    proc = subprocess.Popen([*harvest_cli, "deploy", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    children = []
+    while proc.poll() is None and len(children) < 2:
+        children = psutil.Process(proc.pid).children()
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 2, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("harvest deploy: error: decode worker (harvest serve): worker exited")
+    assert "decode.log" in last
+    assert "Traceback" not in stderr
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)

@@ -1,0 +1,177 @@
+"""Acceptance (issue 14): a real PD deployment on one CPU host. A plain SGLang prefill worker, `harvest serve`
+as the decode worker with a finetune job inside, and sglang-router; mooncake moves the KV over TCP.
+Greedy outputs through the router equal a plain (non-PD) SGLang server's, token for token, also when the
+burst's KV must come back from the job's lent chunks; a prefill worker lost mid-run fails requests with a
+clear error while the decode worker keeps serving and stops cleanly.
+
+One deployment is shared by the module's cases (about a minute and a half to start on 2 cores)."""
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+from conftest import wait_for_stats
+from test_kv_lending_e2e import write_job
+
+from base.cuda_driver import ensure_driver_or_stub
+from base.system_libs import library_path_with_system_libs
+from harvest.deploy import DeployConfig, PDDeployment
+from harvest.deploy.pd_deployment import free_deploy_ports
+from harvest.sglang.launcher import CPU_DEFAULT_FLAGS, CPU_ENGINE_ENV
+from harvest.worker.client import (
+    generate,
+    generate_request,
+    prefilled_request,
+    read_stats,
+)
+from harvest.worker.process import WorkerProcess, free_ports
+
+pytestmark = pytest.mark.sglang
+
+# As in test_kv_lending_e2e: 64 KiB blocks give the tiny Llama chunks of 1024 slots, 8192 tokens give 9
+# chunks and the job's window takes the top two; the burst needs more than the unlent chunks hold.
+MAX_TOTAL_TOKENS = 8192
+DECODE_FLAGS = ["--kv-block-kib", "64", "--num-reserved-decode-tokens", "16"]
+PROMPTS = [[3 + (5 * i + j) % 300 for j in range(8 + 9 * i)] for i in range(4)]
+PROMPT_NEW_TOKENS = 12
+NUM_BURST, BURST_INPUT_LEN, BURST_NEW_TOKENS = 7, 1100, 16
+BURST = [[(7 * i + j) % 500 + 3 for j in range(BURST_INPUT_LEN)] for i in range(NUM_BURST)]
+
+
+async def generate_all(url: str, prompts: list[list[int]], max_new_tokens: int,
+                       as_replay_sends: bool = False) -> list[list[int]]:
+    """Greedy outputs of all prompts at once; `as_replay_sends`: the body `harvest replay` sends (with fake
+    bootstrap fields, which a router must overwrite with its prefill worker's)."""
+    def body(i, prompt):
+        if as_replay_sends:
+            return prefilled_request(prompt, max_new_tokens, room=i)
+        return generate_request(prompt, max_new_tokens)
+
+    async with httpx.AsyncClient(timeout=300) as client:
+        replies = await asyncio.gather(*(generate(client, url, body(i, p)) for i, p in enumerate(prompts)))
+    return [reply["output_ids"] for reply in replies]
+
+
+def process_env() -> dict[str, str]:
+    ensure_driver_or_stub()
+    return {"LD_LIBRARY_PATH": library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir, tmp_path_factory):
+    """Greedy outputs of a plain SGLang server (no PD, no harvest) on the same model and CPU flags."""
+    is_cpu_host = ensure_driver_or_stub()
+    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model_dir),
+               "--host", "127.0.0.1", "--max-total-tokens", str(MAX_TOTAL_TOKENS)]
+    for flag, values in CPU_DEFAULT_FLAGS.items() if is_cpu_host else ():
+        if flag != "--disaggregation-transfer-backend":
+            command += [flag, *values]
+    plain = WorkerProcess([], free_ports(1)[0], 0, tmp_path_factory.mktemp("plain") / "plain.log",
+                          command=command, env={**process_env(), **(CPU_ENGINE_ENV if is_cpu_host else {})})
+    with plain:
+        prompts = asyncio.run(generate_all(plain.url, PROMPTS, PROMPT_NEW_TOKENS))
+        burst = asyncio.run(generate_all(plain.url, BURST, BURST_NEW_TOKENS))
+    return {"prompts": prompts, "burst": burst}
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_model_dir, tmp_path_factory, reference):
+    tmp = tmp_path_factory.mktemp("pd")
+    job = write_job(tmp, tiny_model_dir)
+    ports = free_deploy_ports()
+    config = DeployConfig(
+        model_path=str(tiny_model_dir), log_dir=tmp, router_port=ports[0], router_metrics_port=ports[1],
+        prefill_port=ports[2], bootstrap_port=ports[3], decode_port=ports[4], admin_port=ports[5],
+        first_transfer_port=ports[6], max_total_tokens=MAX_TOTAL_TOKENS,
+        serve_args=(*DECODE_FLAGS, "--finetune", str(job), "--tpot-slo-ms", "500"),
+    )
+    deployment = PDDeployment(config, ensure_driver_or_stub(), process_env()).start()
+    yield deployment
+    deployment.stop()
+
+
+def test_router_output_equals_plain_sglang_with_a_finetune_job(deployment, reference):
+    """Prompts are prefilled by the prefill worker, their KV moves over mooncake's TCP transport, and harvest's
+    decode worker (finetune job training) decodes them: the same tokens as plain SGLang. The decode worker's
+    own step counter shows the requests went through it. The replay's body (fake bootstrap fields) gives the
+    same tokens too: the router replaced the fields, or decode would have run on a fake prefill."""
+    before = wait_for_stats(deployment.admin_url, lambda s: s["finetune"].get("step", 0) >= 2, "finetune steps")
+    outputs = asyncio.run(generate_all(deployment.url, PROMPTS, PROMPT_NEW_TOKENS))
+    as_replay = asyncio.run(generate_all(deployment.url, PROMPTS, PROMPT_NEW_TOKENS, as_replay_sends=True))
+    after = read_stats(deployment.admin_url)
+    assert [len(o) for o in outputs] == [PROMPT_NEW_TOKENS] * len(PROMPTS)
+    assert outputs == reference["prompts"]
+    assert as_replay == reference["prompts"]
+    num_decoded = after["decode"]["decode_tokens"] - before["decode"]["decode_tokens"]
+    assert num_decoded >= 2 * len(PROMPTS) * (PROMPT_NEW_TOKENS - 1)
+    assert after["finetune"]["step"] > before["finetune"]["step"], "the job stopped training"
+
+
+def test_burst_through_the_router_reclaims_lent_chunks_with_exact_outputs(deployment, reference):
+    """Long prompts arrive while the job's weight window holds lent KV chunks: the decode worker pre-allocates
+    KV for each transfer, which needs the lent chunks back. Zero failed requests, outputs equal plain SGLang
+    (as `--no-kv-lending` does, tests/test_kv_lending_e2e.py), and the job trains on."""
+    before = wait_for_stats(deployment.admin_url, lambda s: s["memory"]["chunks_lent"] > 0, "a lent chunk")
+    outputs = asyncio.run(generate_all(deployment.url, BURST, BURST_NEW_TOKENS))
+    time.sleep(1.0)  # the lender's stats copy refreshes every 0.5 s
+    after = read_stats(deployment.admin_url)
+    memory = after["memory"]
+    top_chunk_first_slot = (memory["chunks_total"] - 2) * 1024
+    assert NUM_BURST * (BURST_INPUT_LEN + BURST_NEW_TOKENS) > top_chunk_first_slot, "the burst must reach lent chunks"
+    assert memory["num_reclaimed_chunks"] > before["memory"]["num_reclaimed_chunks"], f"nothing reclaimed: {memory}"
+    assert outputs == reference["burst"]
+    assert after["finetune"]["state"] in ("running", "waiting", "starved")
+    after_job = wait_for_stats(deployment.admin_url, lambda s: s["finetune"]["step"] > before["finetune"]["step"],
+                               "the job to train after the burst", timeout_s=120)
+    assert after_job["finetune"]["state"] != "failed"
+
+
+def test_live_replay_through_the_router(deployment, tmp_path, harvest_cli):
+    """`harvest replay --target ROUTER --admin DECODE_ADMIN` is a real PD replay: every request is prefilled,
+    transferred and decoded (all tokens back, none failed), and the steps and the job's progress come from
+    harvest's decode worker."""
+    import json
+    import subprocess
+
+    out = tmp_path / "replay"
+    proc = subprocess.run([*harvest_cli, "replay", "--trace", "poisson:rate=2,duration=3,seed=1",
+                           "--max-context-tokens", "64", "--max-generated-tokens", "8", "--concurrency", "4",
+                           "--tpot-ms", "500", "--target", deployment.url, "--admin", deployment.admin_url,
+                           "--out", str(out), "--no-plots"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    live = json.loads((out / "results.json").read_text())["policies"]["live"]
+    decode = live["decode"]
+    assert decode["num_requests"] > 0 and decode["num_failed_requests"] == 0
+    assert decode["num_unfinished_requests"] == 0
+    assert decode["num_tokens_returned"] == decode["num_tokens_asked"]
+    assert live["finetune"]["num_steps"] is not None
+
+
+def test_lost_prefill_worker_fails_requests_clearly_and_decode_stops_cleanly(deployment):
+    """Runs last (it kills the prefill worker). A request through the router then fails fast with an HTTP
+    error instead of hanging; the deployment names the lost worker; the decode worker stays healthy, its
+    job keeps training, and it exits 0 on stop with no process left behind."""
+    deployment.prefill.proc.send_signal(signal.SIGKILL)
+    deployment.prefill.proc.wait(30)
+    problems = deployment.check()
+    assert len(problems) == 1 and "prefill worker exited" in problems[0]
+    assert not deployment.is_fatal()
+
+    started = time.monotonic()
+    response = httpx.post(f"{deployment.url}/generate", json=generate_request(PROMPTS[0], 4), timeout=120)
+    assert response.status_code >= 500 and response.text, response
+    assert time.monotonic() - started < 120
+    assert httpx.get(f"{deployment.decode.url}/health", timeout=10).status_code == 200
+    step = read_stats(deployment.admin_url)["finetune"]["step"]
+    wait_for_stats(deployment.admin_url, lambda s: s["finetune"]["step"] > step, "the job to keep training")
+
+    processes = [psutil.Process(p.proc.pid) for p in (deployment.router, deployment.decode)]
+    descendants = [c for p in processes for c in p.children(recursive=True)]
+    codes = deployment.stop()
+    assert codes["decode"] == 0 and codes["router"] in (0, -signal.SIGTERM)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes + descendants)
