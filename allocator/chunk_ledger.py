@@ -108,6 +108,10 @@ class ChunkLedger:
                 self._free_blocks[block_id // self.blocks_per_chunk].add(block_id)
         return placement
 
+    def owners_of(self, block_ids: list[int]) -> set[int]:
+        """Owners with bytes in any of block_ids."""
+        return {owner for block_id in block_ids for _, _, owner in self._spans.get(block_id, ())}
+
     def used_blocks_of(self, chunk_id: int) -> list[int]:
         return [b for b in self.chunk_blocks(chunk_id) if b in self._spans]
 

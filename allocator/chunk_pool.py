@@ -124,8 +124,7 @@ class ChunkPool:
         used = self.ledger.used_blocks_of(chunk_id)
         if len(used) > self.ledger.num_free_blocks_outside(chunk_id):
             return False
-        spans = self.ledger.byte_ranges()
-        for owner in {owner for block_id in used for _, _, owner in spans[block_id]}:
+        for owner in self.ledger.owners_of(used):
             _wait_for(self._users[owner])
         staging = self.backend.reserve(self.block_bytes)
         try:

@@ -90,9 +90,9 @@ def test_with_a_profile_units_are_sized_to_its_shortest_step():
     profile = Profile.load(SHIPPED_PATH)
     config = ServeConfig(admin=AdminConfig(), tpot_slo_ms=TARGET_MS, finetune=FinetuneConfig(yaml_path="job.yaml"))
     controller = _build_controller(config, profile, False, None)
-    assert controller.job.spec.max_unit_ms == pytest.approx(SplitPlanner(profile, TARGET_MS).shortest_step_ms)
+    assert controller.job.config.max_unit_ms == pytest.approx(SplitPlanner(profile, TARGET_MS).shortest_step_ms)
     unprofiled = _build_controller(config, None, False, None)
-    assert unprofiled.job.spec.max_unit_ms == TARGET_MS / 4
+    assert unprofiled.job.config.max_unit_ms == TARGET_MS / 4
 
 
 def test_before_any_unit_is_timed_the_slice_admits_units_where_twice_their_bound_fits():

@@ -73,4 +73,4 @@ def test_bench_on_a_measured_profile_says_it_is_not_synthetic(capsys):
     measured = "predictor/profiles/cpu-smollm2-135m.json"
     assert main(["bench", "predictor", "--profile", measured, "--num-decisions", "2000", "--tpot-ms", "300"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["profile"] == measured and result["profile_is_synthetic"] is False
+    assert result["profile"].startswith(measured) and result["profile_is_synthetic"] is False
