@@ -5,7 +5,6 @@ Lives in SGLang's scheduler process; `harvest.sglang.hooks` calls it, with SGLan
 reduced to a `DecodeStep`, so nothing here depends on SGLang.
 """
 
-import contextlib
 import dataclasses
 import logging
 import time
@@ -27,6 +26,8 @@ class HarvestRuntime:
         self.metrics = HarvestMetrics()
         self.controller = None
         self.lender = None
+        self.partitions = None
+        self.stream_groups_note = "none (decode on SGLang's own streams, the whole device)"
         self.kv_lending_note = "off (no --finetune)" if config.finetune is None else "off (--no-kv-lending)"
         self._running: dict[int, DecodeStep] = {}
         self._admin_server = None
@@ -51,10 +52,29 @@ class HarvestRuntime:
     def refuse_kv_lending(self, reason: str) -> None:
         self.kv_lending_note = f"off ({reason})"
 
-    def start(self, serve_admin: bool) -> None:
-        """The scheduler is built: build the controller, start the finetune job's construction and the admin API."""
+    def green_partitions(self, device_index: int):
+        """Spatial mode: the SM partitions of the worker's device (built once, with the green contexts of every
+        partition the planner may pick); None in temporal mode."""
+        if not self.is_spatial:
+            return None
+        if self.partitions is None:
+            from harvest.colocation.green_partitions import GreenPartitions
+
+            self.partitions = GreenPartitions(device_index, list(self.profile.partitions))
+            self.partitions.prepare(self.co_run_pairs)
+        return self.partitions
+
+    @property
+    def co_run_pairs(self) -> list[tuple[int, int]]:
+        """The co-run partitions the planner may pick: the profile's that the device forms."""
+        return [] if self.partitions is None else [(i, f) for i, f in self.partitions.pairs if f > 0]
+
+    def start(self, serve_admin: bool, device_index: int = 0) -> None:
+        """The scheduler is built: build the controller, start the finetune job's construction and the admin API.
+        device_index: the worker's CUDA device (SGLang's gpu_id)."""
         if self.config.finetune is not None:
-            self.controller = _build_controller(self.config, self.profile, self.is_spatial, self.lender)
+            partitions = self.green_partitions(device_index)
+            self.controller = _build_controller(self.config, self.profile, partitions, self.lender, device_index)
             self.job.start()
         if serve_admin:
             from harvest.admin.admin_app import AdminServer
@@ -68,11 +88,10 @@ class HarvestRuntime:
         if self._admin_server is not None:
             self._admin_server.stop()
 
-    def decode_stream_context(self):
-        """The stream a decode step launches on (its SM partition on a GPU with green contexts)."""
-        if self.controller is None:
-            return contextlib.nullcontext()
-        return self.controller.decode_stream_context()
+    @property
+    def decode_stream(self):
+        """The stream the next decode step launches on: its SM partition's; None for SGLang's own streams."""
+        return None if self.controller is None else self.controller.decode_stream
 
     # ---- scheduler thread, once per decode step ----
 
@@ -117,7 +136,7 @@ class HarvestRuntime:
         snapshot = {"decode": self.stats.snapshot(window_steps)}
         if self.controller is not None:
             snapshot["finetune"] = self.job.stats()
-            snapshot["colocation"] = self.controller.stats()
+            snapshot["colocation"] = {**self.controller.stats(), "decode_stream_groups": self.stream_groups_note}
             snapshot["memory"] = {"kv_lending": self.kv_lending_note,
                                   **(self.lender.stats() if self.lender is not None else {})}
         return snapshot
@@ -148,13 +167,16 @@ def _is_spatial(config: ServeConfig, profile) -> bool:
     return profile is not None and config.finetune.device.startswith("cuda") and profile.latency_model.has_colo
 
 
-def _build_controller(config: ServeConfig, profile, is_spatial: bool, lender):
+def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0):
     """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
-    measured time, so no prediction can be wrong (stats say so)."""
+    measured time, so no prediction can be wrong (stats say so). device_index: the worker's CUDA device,
+    named in the job's device (a bare "cuda" means device 0 in the spatial unit thread, whatever SGLang set)."""
     from harvest.colocation import FinetuneJob, TemporalController
     from harvest.colocation.slo_tracker import SloTracker
 
     finetune_config = config.finetune
+    if finetune_config.device == "cuda":
+        finetune_config = dataclasses.replace(finetune_config, device=f"cuda:{device_index}")
     if finetune_config.max_unit_ms is None:
         # With a profile, a unit no longer than the shortest decode step: a pause (or a batch arriving while
         # the device is idle and finetuning) takes effect within one step.
@@ -170,12 +192,10 @@ def _build_controller(config: ServeConfig, profile, is_spatial: bool, lender):
                                   "minus its measured time", lender)
     from predictor import SplitPlanner
 
-    planner = SplitPlanner(profile, config.tpot_slo_ms)
+    planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=None if partitions is None else partitions.pairs)
     source = f"profile {config.profile_path} ({profile.device_name}), online correction on"
-    if is_spatial:
-        from harvest.colocation.green_partitions import GreenPartitions
+    if partitions is not None:
         from harvest.colocation.spatial_controller import SpatialController
 
-        partitions = GreenPartitions(0, list(profile.partitions))
         return SpatialController(job, planner, slo, partitions, source)
     return TemporalController(job, planner, slo, source, lender)

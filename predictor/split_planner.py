@@ -21,6 +21,7 @@ margin moved, checked each REFRESH_EVERY steps).
 
 import math
 from bisect import bisect_left
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,8 +66,10 @@ class SplitPlanner:
         tpot_slo_ms: float,
         config: PredictorConfig = DEFAULT_CONFIG,
         plan_margin: float | None = None,
+        pairs: Collection[tuple[int, int]] | None = None,
     ) -> None:
-        """`plan_margin`: plan for tpot_slo_ms * (1 - plan_margin) instead of learning the margin."""
+        """`plan_margin`: plan for tpot_slo_ms * (1 - plan_margin) instead of learning the margin. `pairs`: the
+        (infer_sms, ft_sms) partitions the device forms (GreenPartitions.pairs); None: every profiled one."""
         if not (math.isfinite(tpot_slo_ms) and tpot_slo_ms > 0):
             raise HarvestError(f"TPOT SLO must be a positive number of ms, got {tpot_slo_ms}")
         if plan_margin is not None and not 0.0 <= plan_margin < 1.0:
@@ -84,7 +87,7 @@ class SplitPlanner:
         # infer_sms -> [(ft_sms, slowdown, co-run tokens/s)]: the static part of every candidate.
         self._pairs: dict[int, list[tuple[int, float, float]]] = {}
         for infer_sms, ft_sms in model.partitions():
-            if ft_sms:
+            if ft_sms and (pairs is None or (infer_sms, ft_sms) in pairs):
                 entry = (ft_sms, model.slowdown(infer_sms, ft_sms), co_run_rate(ft_sms))
                 self._pairs.setdefault(infer_sms, []).append(entry)
         self._is_spatial = bool(self._pairs)

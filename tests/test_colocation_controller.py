@@ -89,9 +89,9 @@ def test_temporal_and_spatial_controllers_share_one_interface_and_stats_shape():
 def test_with_a_profile_units_are_sized_to_its_shortest_step():
     profile = Profile.load(SHIPPED_PATH)
     config = ServeConfig(admin=AdminConfig(), tpot_slo_ms=TARGET_MS, finetune=FinetuneConfig(yaml_path="job.yaml"))
-    controller = _build_controller(config, profile, False, None)
+    controller = _build_controller(config, profile, None, None)
     assert controller.job.config.max_unit_ms == pytest.approx(SplitPlanner(profile, TARGET_MS).shortest_step_ms)
-    unprofiled = _build_controller(config, None, False, None)
+    unprofiled = _build_controller(config, None, None, None)
     assert unprofiled.job.config.max_unit_ms == TARGET_MS / 4
 
 

@@ -1,5 +1,6 @@
-"""GreenPartitions built from what cuDevSmResourceSplitByCount returns, on a fake `cuda.bindings.driver`
-(the one stand-in: no driver here); the real driver runs in test_green_partitions.py under -m gpu."""
+"""GreenPartitions built from what cuDevSmResourceSplitByCount returns, and the stream groups SGLang captures
+decode's CUDA graphs per, on a fake `cuda.bindings.driver` (the one stand-in: no driver here); the real driver
+runs in test_green_partitions.py under -m gpu."""
 
 import logging
 import sys
@@ -24,11 +25,13 @@ class FakeDriver:
     def __init__(self, num_sms: int, group_sms: list[int], remaining_sms: int):
         self.num_sms, self.group_sms, self.remaining_sms = num_sms, group_sms, remaining_sms
         self.contexts: list[tuple[int, ...]] = []
+        self.devices: list[int] = []
 
     def cuInit(self, flags):
         return (OK,)
 
     def cuDeviceGet(self, index):
+        self.devices.append(index)
         return OK, index
 
     def cuGetErrorName(self, err):
@@ -64,7 +67,6 @@ def fake_driver(monkeypatch):
         monkeypatch.setitem(sys.modules, "cuda.bindings.driver", driver)
         monkeypatch.setattr(cuda.bindings, "driver", driver, raising=False)
         monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device: ("stream", handle))
-        monkeypatch.setattr(torch.cuda, "default_stream", lambda device: "default stream")
         return driver
 
     return install
@@ -90,7 +92,7 @@ def test_fifteen_groups_drop_what_needs_sixteen_and_create_contexts_only_when_as
     assert driver.contexts == [tuple(range(8)), tuple(range(8, 15))]   # disjoint runs of the split
     assert decode != finetune
     assert parts.streams(64, 56) == (decode, finetune) and parts.num_contexts == 2
-    assert parts.streams(132, 0) == ("default stream", None)
+    assert parts.streams(132, 0) == (None, None)        # the whole device: SGLang's own streams
     with pytest.raises(KeyError, match=r"\(64, 64\) is not formed"):
         parts.streams(64, 64)
 
@@ -104,3 +106,74 @@ def test_uneven_group_sizes_form_partitions_from_the_sizes_given(fake_driver):
     assert parts.dropped_pairs == [(16, 8), (8, 0)]
     parts.prepare([(32, 16), (48, 0)])
     assert driver.contexts == [(0, 1), (2, 3), (0, 1, 2, 3)]
+
+
+def test_stream_groups_give_each_decode_partition_the_planner_can_pick_one_graph_stream(fake_driver, monkeypatch):
+    """Pins defect 1 (b): decode's CUDA graphs were captured once, on a primary-context stream, and replayed on
+    the partition's green stream, where their kernels keep the primary context (all SMs). Each decode
+    partition the planner can pick now gets its own SGLang stream group (one graph set captured on that very
+    stream), group 0 is SGLang's own for the whole device, and a step selects its group before the forward."""
+    driver = fake_driver(132, [8] * 15, 12)
+    from sglang.srt.multiplex import pdmux_context
+
+    from harvest.colocation.green_partitions import GreenPartitions
+    from harvest.sglang.stream_groups import StreamGroups
+
+    parts = GreenPartitions(0, [(64, 56), (64, 48), (32, 88), (64, 64), (132, 0)])
+    co_run = [(i, f) for i, f in parts.pairs if f]
+    assert co_run == [(64, 56), (64, 48), (32, 88)]          # (64, 64) cannot be formed: no group, no graphs
+    parts.prepare(co_run)
+    groups = StreamGroups(parts, co_run)
+    decode_32, decode_64 = parts.streams(32, 88)[0], parts.streams(64, 56)[0]
+    assert parts.streams(64, 48)[0] is decode_64              # one decode prefix, one stream, one graph set
+    assert groups.num_groups == 3 and groups.decode_sms == [132, 32, 64]
+    assert [groups.index_of(s) for s in (None, decode_32, decode_64)] == [0, 1, 2]
+    assert len(driver.contexts) == 5                          # 2 decode prefixes + 3 finetune runs, nothing more
+
+    for name in ("STREAM_GROUPS", "SM_COUNTS", "CURRENT_STREAM_IDX", "CURRENT_STREAM_GROUP"):
+        monkeypatch.setattr(pdmux_context, name, getattr(pdmux_context, name))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: ("side stream", device))
+    groups.install(0)
+    own = ("side stream", 0)
+    assert pdmux_context.get_stream_groups() == [(own, own), (decode_32, decode_32), (decode_64, decode_64)]
+    assert pdmux_context.get_sm_counts() == [(0, 132), (100, 32), (68, 64)]
+    assert pdmux_context.get_current_stream_idx() == 0
+    assert groups.select(decode_64) == 2 and pdmux_context.get_current_stream_idx() == 2
+    assert groups.select(None) == 0 and pdmux_context.get_current_stream_idx() == 0
+    with pytest.raises(KeyError):
+        groups.select(("stream", 999))                        # a stream with no captured graphs is refused
+
+
+def test_the_runtime_builds_partitions_on_the_workers_device_and_plans_only_formed_ones(fake_driver):
+    """Pins defect 9: the runtime built GreenPartitions on device 0 whatever the worker's device, created no
+    context up front, and let the planner pick partitions the driver's split cannot form (a KeyError at the
+    first such step). On a 15-group split of device 1: contexts for exactly the co-run partitions the planner
+    may pick, created at start-up; the planner never picks a dropped one."""
+    from pathlib import Path
+
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.runtime import HarvestRuntime
+    from predictor import SplitPlanner
+    from predictor.synthetic_profile import SHIPPED_PATH
+
+    driver = fake_driver(132, [8] * 15, 12)
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"), tpot_slo_ms=100.0,
+                         profile_path=str(Path(SHIPPED_PATH)))
+    runtime = HarvestRuntime(config)
+    assert runtime.is_spatial
+    parts = runtime.green_partitions(1)
+    assert driver.devices == [1] and runtime.green_partitions(1) is parts      # built once, on the worker's device
+    profiled = [(i, f) for i, f in runtime.profile.partitions if f]
+    assert runtime.co_run_pairs and set(runtime.co_run_pairs) < set(profiled)
+    assert all(i + f <= 120 for i, f in runtime.co_run_pairs)                  # what 15 groups of 8 form
+    decode_prefixes = {i for i, _ in runtime.co_run_pairs}
+    assert parts.num_contexts == len(decode_prefixes) + len(runtime.co_run_pairs)   # one finetune run per pair
+
+    def co_runs(planner) -> set:
+        decisions = [planner.plan(batch_size, seq_len, has_ready_work=True)
+                     for batch_size in (1, 8, 64, 256) for seq_len in (0.0, 512.0, 4096.0)]
+        return {(d.infer_sms, d.ft_sms) for d in decisions if d.ft_sms}
+
+    assert co_runs(SplitPlanner(runtime.profile, 100.0)) - set(parts.pairs)    # e.g. (112, 16): 128 SMs
+    assert not co_runs(SplitPlanner(runtime.profile, 100.0, pairs=parts.pairs)) - set(runtime.co_run_pairs)

@@ -43,7 +43,7 @@ def latency_models(draw):
 shapes = st.tuples(st.integers(1, 512), st.floats(0.0, 8192.0), st.floats(0.5, 500.0))
 
 
-def brute_force_best(model, batch_size, seq_len, target, margin=1.0):
+def brute_force_best(model, batch_size, seq_len, target, margin=1.0, pairs=None):
     """(value, partition) of every candidate, best first: finetune tokens over a budget of `target` ms when
     decode takes d ms on (i, f) and the whole device finetunes for the rest (rates: SM shares, the proxy a
     profile without finetune throughput plans with); a co-run candidate must keep d * margin <= target."""
@@ -52,7 +52,7 @@ def brute_force_best(model, batch_size, seq_len, target, margin=1.0):
     values = [(max(0.0, target - solo_full), (n, 0))]
     for i, f in model.partitions():
         d = model.predict_colo_ms(i, f, batch_size, seq_len)
-        if f and d * margin <= target:
+        if f and d * margin <= target and (pairs is None or (i, f) in pairs):
             values.append((f / n * d + (target - d), (i, f)))
     return sorted(values, reverse=True)
 
@@ -78,6 +78,20 @@ def test_decision_is_the_brute_force_best_candidate_and_never_exceeds_target(mod
         assert decision.is_finetune_paused == (d >= target)
         assert decision.is_slo_unreachable == (d > target)
     assert decision.slack_ms == pytest.approx(target - decision.predicted_ms)
+
+
+@settings(max_examples=100, deadline=None)
+@given(latency_models(), shapes, st.randoms(use_true_random=False))
+def test_the_planner_picks_only_partitions_the_device_forms(model, shape, rng):
+    """Pins defect 9's planner half: a partition the driver's split cannot form (GreenPartitions.dropped_pairs)
+    is never planned; among the rest the decision is still the brute-force best."""
+    batch_size, seq_len, target = shape
+    co_run = [(i, f) for i, f in model.partitions() if f]
+    formed = set(rng.sample(co_run, len(co_run) // 2))
+    decision = SplitPlanner(make_profile(model), target, plan_margin=0.0, pairs=formed).plan(batch_size, seq_len, True)
+    assert decision.ft_sms == 0 or (decision.infer_sms, decision.ft_sms) in formed
+    best_value, _ = brute_force_best(model, batch_size, seq_len, target, pairs=formed)[0]
+    assert decision.finetune_tokens_per_s * target == pytest.approx(best_value, rel=1e-9, abs=1e-9)
 
 
 @settings(max_examples=100, deadline=None)

@@ -10,7 +10,6 @@ slice", says why each number is what it is). The step's record says what it was 
 arrived while an idle-time unit ran.
 """
 
-import contextlib
 import math
 import time
 from collections import deque
@@ -61,8 +60,10 @@ class Controller:
         """The planner's decision for the current step (None without a planner)."""
         return self._decision
 
-    def decode_stream_context(self):
-        return contextlib.nullcontext()
+    @property
+    def decode_stream(self):
+        """The stream the step launches on (its partition's); None: SGLang's own streams, the whole device."""
+        return None
 
     def close(self) -> None:
         pass

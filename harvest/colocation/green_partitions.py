@@ -87,14 +87,13 @@ class GreenPartitions:
             self.streams(infer_sms, ft_sms)
 
     def streams(self, infer_sms: int, ft_sms: int):
-        """(decode stream, finetune stream or None) of a partition in `pairs`."""
-        import torch
-
+        """(decode stream, finetune stream or None) of a partition in `pairs`. The whole device, decode
+        alone, is (None, None): decode stays on SGLang's own streams (stream_groups.py, group 0)."""
         if (infer_sms, ft_sms) not in self._runs:
             raise KeyError(f"partition ({infer_sms}, {ft_sms}) is not formed on this device; pick one of `pairs`")
         runs = self._runs[(infer_sms, ft_sms)]
-        if runs is None:                                # the whole device, decode alone
-            return torch.cuda.default_stream(self._torch_device), None
+        if runs is None:
+            return None, None
         decode_groups, finetune_groups = runs
         return self._stream_for(decode_groups), self._stream_for(finetune_groups) if ft_sms else None
 

@@ -32,13 +32,10 @@ class SpatialController(Controller):
         self._runner = threading.Thread(target=self._run_units, name="harvest-finetune-units", daemon=True)
         self._runner.start()
 
-    def decode_stream_context(self):
+    @property
+    def decode_stream(self):
         """Where the scheduler launches the step's kernels: the inference partition's stream."""
-        import contextlib
-
-        import torch
-
-        return contextlib.nullcontext() if self._decode_stream is None else torch.cuda.stream(self._decode_stream)
+        return self._decode_stream
 
     def _start_co_run(self, decision) -> None:
         self._decode_stream, self._finetune_stream = self.partitions.streams(decision.infer_sms, decision.ft_sms)

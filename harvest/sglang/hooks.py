@@ -7,7 +7,9 @@ SGLang's own plugin hook registry. No SGLang source is edited.
 Hooked (the SGLang of version.py: disaggregation/decode.py event loops, model_runner_kv_cache_mixin.py):
   ModelRunner._init_pools         AROUND  KV pool over the unified allocator's chunks, chunk-aware slots
   Scheduler.get_init_info         AFTER   scheduler built: start the finetune job and the admin server
-  Scheduler.run_batch             AROUND  a decode step: plan it, note its shape and start time
+  CudaGraphRunner.maybe_init_pdmux AROUND  spatial mode: decode graphs captured per partition stream
+  Scheduler.run_batch             AROUND  a decode step: plan it, note its shape and start time, run it on
+                                          its partition's stream (step_streams.py)
   Scheduler.process_batch_result  AFTER   its tokens are out: time it, give finetune what it left
   Scheduler.on_idle               AFTER   no batch to run: one finetune unit
   Scheduler._check_full_pool      AROUND  the idle leak check counts lent slots as accounted for
@@ -26,6 +28,7 @@ from harvest.step_stats import DecodeStep
 
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
+CUDA_GRAPH_RUNNER = "sglang.srt.model_executor.cuda_graph_runner.CudaGraphRunner"
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,27 @@ def run_scheduler_process(config: ServeConfig, server_args, port_args, gpu_id, t
 def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from harvest.sglang.step_streams import StepStreams
+    from harvest.sglang.stream_groups import StreamGroups
+
+    state = {"allocator": None, "stream_groups": None, "step_streams": None}
+
+    def around_maybe_init_pdmux(maybe_init_pdmux, graph_runner, *args, **kwargs):
+        """Spatial mode: capture decode's graphs once per partition stream, on that stream (stream_groups.py)."""
+        model_runner = graph_runner.model_runner
+        partitions = None if model_runner.is_draft_worker else runtime.green_partitions(model_runner.gpu_id)
+        if partitions is not None:
+            groups = StreamGroups(partitions, runtime.co_run_pairs)
+            groups.install(model_runner.gpu_id)
+            model_runner.decode_attn_backend_group = [model_runner._get_attention_backend()
+                                                      for _ in range(groups.num_groups)]
+            graph_runner.enable_pdmux = True
+            state["stream_groups"] = groups
+            runtime.stream_groups_note = f"{groups.num_groups} (one decode graph set per partition stream)"
+            logger.info("harvest: decode CUDA graphs captured on %d streams, decode SMs %s",
+                        groups.num_groups, groups.decode_sms)
+        return maybe_init_pdmux(graph_runner, *args, **kwargs)
+
     def around_init_pools(init_pools, runner, *args, **kwargs):
         if not runtime.wants_kv_lending or runner.is_draft_worker:
             return init_pools(runner, *args, **kwargs)
@@ -65,7 +89,7 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
             return init_pools(runner, *args, **kwargs)
         from allocator import UnifiedAllocator
 
-        allocator = UnifiedAllocator(allocator_config)
+        allocator = state["allocator"] = UnifiedAllocator(allocator_config)
         with chunked_pool_classes(allocator):
             result = init_pools(runner, *args, **kwargs)
         from harvest.sglang.chunk_token_allocator import ChunkTokenToKVPoolAllocator
@@ -87,8 +111,15 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         return check(scheduler, pool_stats, uncached + num_lent, *args, **kwargs)
 
     def after_init_info(result, scheduler, *args, **kwargs):
-        runtime.start(serve_admin)
+        runtime.start(serve_admin, scheduler.gpu_id)
         return result
+
+    def step_streams(scheduler) -> StepStreams:
+        if state["step_streams"] is None:
+            allocator = state["allocator"]
+            state["step_streams"] = StepStreams(scheduler, state["stream_groups"],
+                                                None if allocator is None else allocator.record_kv_stream)
+        return state["step_streams"]
 
     def around_run_batch(run_batch, scheduler, batch, *args, **kwargs):
         if not batch.forward_mode.is_decode():
@@ -96,8 +127,8 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         # seq_lens_cpu: [batch_size] int64; run_batch numbers the batch (forward_iter) on entry.
         step = DecodeStep(-1, batch.batch_size(), int(batch.seq_lens_cpu.sum()), time.perf_counter())
         runtime.step_launching(step)
-        with runtime.decode_stream_context():
-            result = run_batch(scheduler, batch, *args, **kwargs)
+        result = step_streams(scheduler).run(lambda: run_batch(scheduler, batch, *args, **kwargs),
+                                             runtime.decode_stream, batch)
         step.forward_iter = batch.forward_iter
         runtime.step_launched(step)
         return result
@@ -111,6 +142,7 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         runtime.on_idle(kv_demand_slots(scheduler) if runtime.lender else 0)
         return result
 
+    HookRegistry.register(f"{CUDA_GRAPH_RUNNER}.maybe_init_pdmux", around_maybe_init_pdmux, HookType.AROUND)
     HookRegistry.register(f"{MODEL_RUNNER}._init_pools", around_init_pools, HookType.AROUND)
     HookRegistry.register(f"{SCHEDULER}.get_init_info", after_init_info, HookType.AFTER)
     HookRegistry.register(f"{SCHEDULER}.run_batch", around_run_batch, HookType.AROUND)
