@@ -75,6 +75,20 @@ def test_pauses_between_arbitrary_units_do_not_change_the_result(tmp_path, refer
     assert_same_weights(lora_state_dict(engine), reference[1])
 
 
+def test_units_never_touch_the_global_rng(tmp_path, monkeypatch):
+    """Pins defect 9: run_next_unit swapped the global RNG state in and out around every unit, and in spatial
+    mode the unit thread did so while decode sampled from that same generator in the scheduler thread. The
+    job's dropout now draws from its own generator: the global state is never set, read back or advanced."""
+    engine = FinetuneEngine.from_yaml(job(tmp_path, "rng"))
+    assert engine.units.uses_dropout
+    set_calls = []
+    monkeypatch.setattr(torch, "set_rng_state", lambda state: set_calls.append(state))
+    before = torch.get_rng_state()
+    kinds = [engine.run_next_unit().kind for _ in range(8)]
+    assert "forward" in kinds and "backward" in kinds
+    assert set_calls == [] and torch.equal(torch.get_rng_state(), before)
+
+
 def test_kill_then_resume_loses_only_the_steps_since_the_last_checkpoint(tmp_path, reference):
     path = job(tmp_path, "killed")
     engine = FinetuneEngine.from_yaml(path)

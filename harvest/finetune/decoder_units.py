@@ -6,7 +6,7 @@ autograd on and backpropagates the gradient arriving from above, exactly what gr
 default in LlamaFactory) does, but one layer per call so a scheduler can stop between any two layers.
 """
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,9 @@ class RowSlice:
 
 
 class DecoderUnits:
-    def __init__(self, peft_model: nn.Module, device: torch.device, autocast_dtype: torch.dtype | None) -> None:
+    def __init__(self, peft_model: nn.Module, device: torch.device, autocast_dtype: torch.dtype | None,
+                 generator: torch.Generator) -> None:
+        """`generator`: the job's own RNG on `device`; its dropout draws from it and from nothing else."""
         base = peft_model.get_base_model()
         inner = getattr(base, "model", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -55,7 +57,8 @@ class DecoderUnits:
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.is_embed_trainable = any(p.requires_grad for p in self.embed_tokens.parameters())
-        self.uses_dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.layers.modules())
+        self.generator = generator
+        self.uses_dropout = _use_generator_dropout(self.layers, generator)
 
     @property
     def num_layers(self) -> int:
@@ -87,7 +90,7 @@ class DecoderUnits:
 
     def forward(self, row_slice: RowSlice, layer_id: int) -> None:
         if self.uses_dropout:
-            row_slice.rng_states[layer_id] = get_rng_state(self.device)
+            row_slice.rng_states[layer_id] = self.generator.get_state()
         with torch.no_grad(), self._autocast():
             row_slice.hidden[layer_id + 1] = self._run_layer(layer_id, row_slice.hidden[layer_id], row_slice)
 
@@ -113,7 +116,7 @@ class DecoderUnits:
         needs_input_grad = layer_id > 0 or self.is_embed_trainable
         hidden = row_slice.hidden[layer_id].detach().requires_grad_(needs_input_grad)
         rng_state = row_slice.rng_states.pop(layer_id, None)
-        with _restored_rng(self.device, rng_state), torch.enable_grad(), self._autocast():
+        with _replayed(self.generator, rng_state), torch.enable_grad(), self._autocast():
             output = self._run_layer(layer_id, hidden, row_slice)
         torch.autograd.backward(output, row_slice.grad)
         row_slice.grad = hidden.grad if needs_input_grad else None
@@ -139,32 +142,52 @@ class DecoderUnits:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
 
-def get_rng_state(device: torch.device) -> tuple:
-    cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda_state
+class GeneratorDropout(nn.Module):
+    """nn.Dropout whose masks come from the job's own generator. torch's dropout draws from the device's
+    global generator, which decode's sampling also draws from (from another thread in spatial mode): the job
+    must neither advance it nor swap its state."""
+
+    def __init__(self, p: float, generator: torch.Generator) -> None:
+        super().__init__()
+        self.p, self.generator = p, generator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return x
+        # torch's own CPU dropout, op for op (at::native _dropout_impl): the same masks from the same state.
+        noise = torch.empty_like(x).bernoulli_(1.0 - self.p, generator=self.generator)
+        noise.div_(1.0 - self.p)
+        return x * noise
 
 
-def set_rng_state(device: torch.device, state: tuple) -> None:
-    cpu_state, cuda_state = state
-    torch.set_rng_state(cpu_state)
-    if cuda_state is not None:
-        torch.cuda.set_rng_state(cuda_state, device)
+def _use_generator_dropout(layers: nn.Module, generator: torch.Generator) -> bool:
+    """Swap every nn.Dropout with p > 0 in the layers (LoRA's lora_dropout) for GeneratorDropout; True if any."""
+    swapped = False
+    for parent in layers.modules():
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Dropout) and child.p > 0:
+                replacement = GeneratorDropout(child.p, generator)
+                replacement.train(child.training)
+                setattr(parent, name, replacement)
+                swapped = True
+    return swapped
 
 
-class _restored_rng:
-    """Replay the RNG a forward unit saw (dropout masks) during the backward recompute, then restore."""
+def global_rng_state(device: torch.device) -> torch.Tensor:
+    """The device's global generator state (seeded by LlamaFactory's set_seed): where the job's own starts."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
 
-    def __init__(self, device: torch.device, state: tuple | None) -> None:
-        self.device, self.state, self.fork = device, state, None
 
-    def __enter__(self):
-        if self.state is None:
-            return
-        devices = [self.device] if self.device.type == "cuda" else []
-        self.fork = torch.random.fork_rng(devices=devices, device_type=self.device.type)
-        self.fork.__enter__()
-        set_rng_state(self.device, self.state)
-
-    def __exit__(self, *exc):
-        if self.fork is not None:
-            self.fork.__exit__(*exc)
+@contextmanager
+def _replayed(generator: torch.Generator, state: torch.Tensor | None):
+    """Replay the draws a forward unit made (dropout masks) during the backward recompute, then go on from
+    where the generator was."""
+    if state is None:
+        yield
+        return
+    current = generator.get_state()
+    generator.set_state(state)
+    try:
+        yield
+    finally:
+        generator.set_state(current)

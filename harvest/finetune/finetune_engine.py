@@ -14,7 +14,7 @@ import torch
 
 from base.errors import HarvestError
 from harvest.finetune.checkpoint_store import CheckpointStore
-from harvest.finetune.decoder_units import DecoderUnits, get_rng_state, set_rng_state
+from harvest.finetune.decoder_units import DecoderUnits, global_rng_state
 from harvest.finetune.finetune_config import FinetuneConfig
 from harvest.finetune.layer_swapper import LayerSwapper
 from harvest.finetune.llamafactory_args import LlamaFactoryArgs
@@ -82,8 +82,9 @@ class FinetuneEngine:
         self._log = StepLog(llamafactory.output_dir / config.log_name,
                             resumed_step=self.global_step if config.resume else None)
         self._queue.start(position["epoch"], position["update_step"])
-        self._rng_state = self._rng_state if config.resume else get_rng_state(self.device)
-        self._step_boundary_rng_state = self._rng_state
+        if not config.resume:
+            self.generator.set_state(global_rng_state(self.device))
+        self._step_boundary_rng_state = self.generator.get_state()
         # No layer is fetched yet: a step starts with the embedding unit, after which the window fills.
 
     @classmethod
@@ -122,14 +123,7 @@ class FinetuneEngine:
         if self.is_finished:
             raise RuntimeError("the finetune job is finished")
         started = time.perf_counter()
-        # The job draws (dropout) from its own RNG stream, whatever the decode work between units draws.
-        outer_rng_state = get_rng_state(self.device)
-        set_rng_state(self.device, self._rng_state)
-        try:
-            unit = self._run_unit()
-        finally:
-            self._rng_state = get_rng_state(self.device)
-            set_rng_state(self.device, outer_rng_state)
+        unit = self._run_unit()
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         duration_ms = (time.perf_counter() - started) * 1e3
@@ -266,7 +260,9 @@ class FinetuneEngine:
         self.lr_scheduler = setup.lr_scheduler
         self.max_steps = setup.max_steps
         self._trainable = [p for p in setup.peft_model.parameters() if p.requires_grad]
-        self.units = DecoderUnits(setup.peft_model, self.device, setup.autocast_dtype)
+        # The job's dropout draws from its own generator, never the global one decode samples with.
+        self.generator = torch.Generator(self.device)
+        self.units = DecoderUnits(setup.peft_model, self.device, setup.autocast_dtype, self.generator)
         for module in self.units.non_layer_modules():
             module.to(self.device)
         self._swapper = LayerSwapper(self.units.layers, self.device, weight_memory)
@@ -286,7 +282,7 @@ class FinetuneEngine:
         self._queue.end_update_step()
 
     def _finish_step(self) -> None:
-        self._step_boundary_rng_state = self._rng_state
+        self._step_boundary_rng_state = self.generator.get_state()
         self._log.record(self.global_step, float(self._step_loss), self._step_tokens, self._step_ms,
                          self._num_window_layers)
         self._queue.end_step()
@@ -305,6 +301,9 @@ class FinetuneEngine:
         position, train_state = CheckpointStore.load(checkpoint, self.peft_model)
         self.optimizer.load_state_dict(train_state["optimizer"])
         self.lr_scheduler.load_state_dict(train_state["scheduler"])
-        self._rng_state = train_state["rng"]
+        if not isinstance(train_state["rng"], torch.Tensor):
+            raise HarvestError(f"--resume: checkpoint {str(checkpoint)!r} was written by an older harvest "
+                               "(global RNG state, not the job's generator); start the job afresh")
+        self.generator.set_state(train_state["rng"])
         self.global_step = position["global_step"]
         return position
