@@ -16,10 +16,6 @@ class AllocatorMetrics:
                                          registry=registry)
         self.reserve_bytes = Gauge("harvest_allocator_reserve_bytes", "KV bytes kept free for decode growth",
                                    registry=registry)
-        self.small_pool_used_bytes = Gauge("harvest_allocator_small_pool_used_bytes",
-                                           "Bytes of the small-tensor pool in use", registry=registry)
-        self.small_pool_bytes = Gauge("harvest_allocator_small_pool_bytes", "Size of the small-tensor pool",
-                                      registry=registry)
 
     def update(self, stats: dict) -> None:
         for state in CHUNK_STATES:
@@ -27,5 +23,3 @@ class AllocatorMetrics:
         self.lent_bytes.set(stats["lent_bytes"])
         self.fragmentation_bytes.set(stats["fragmentation_bytes"])
         self.reserve_bytes.set(stats["reserve_bytes"])
-        self.small_pool_used_bytes.set(stats["small_pool_used_bytes"])
-        self.small_pool_bytes.set(stats["small_pool_bytes"])

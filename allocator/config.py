@@ -19,8 +19,6 @@ class AllocatorConfig:
     """Chunks in the pool; chunk i backs token slots [i*T, (i+1)*T) of every layer."""
     block_bytes: int = 2 * MIB
     """Mapping granularity. 2 MiB on CUDA; the host backend accepts any page multiple (tests use less)."""
-    small_pool_bytes: int = 0
-    """Buddy-managed pool for allocations under one block; rounded up to whole blocks."""
     backend: str = "host"
     """'host' (memfd/mmap) or 'cuda' (cuMem*)."""
     device_index: int = 0
@@ -38,8 +36,8 @@ class AllocatorConfig:
                 raise HarvestError(f"{name} must be positive, got {getattr(self, name)}")
         if self.block_bytes % self.kv_row_bytes:
             raise HarvestError(f"block_bytes {self.block_bytes} is not a multiple of kv_row_bytes {self.kv_row_bytes}")
-        if self.small_pool_bytes < 0 or self.release_ms < 0 or self.tpot_target_ms <= 0:
-            raise HarvestError("small_pool_bytes and release_ms must be >= 0 and tpot_target_ms > 0")
+        if self.release_ms < 0 or self.tpot_target_ms <= 0:
+            raise HarvestError("release_ms must be >= 0 and tpot_target_ms > 0")
         if self.backend not in BACKENDS:
             raise HarvestError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
 
@@ -58,10 +56,6 @@ class AllocatorConfig:
     @property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.kv_row_bytes
-
-    @property
-    def num_small_pool_blocks(self) -> int:
-        return math.ceil(self.small_pool_bytes / self.block_bytes)
 
     @property
     def reserve_slots(self) -> int:

@@ -1,7 +1,7 @@
 """UnifiedAllocator: one memory pool shared by decode KV and the finetune job (HARLI sec. 4).
 
-Policy lives here: which chunks to lend (highest idle ids, never below the reserve), where an
-allocation goes (small pool under one block, lent blocks otherwise) and when to take memory back
+Policy lives here: which chunks to lend (highest idle ids, never below the reserve), when to
+lend more for an allocation, and when to take memory back
 (maybe_reclaim, once per decode step, at most one finetune shrink per call).
 """
 
@@ -13,7 +13,6 @@ import torch
 from allocator.backend import Backend
 from allocator.chunk_pool import ChunkPool, OutOfLentMemory, tensor_bytes
 from allocator.config import AllocatorConfig
-from allocator.small_pool import SmallPool
 from base.errors import HarvestError
 
 
@@ -32,7 +31,7 @@ class KvSlots(Protocol):
 
 
 def make_backend(config: AllocatorConfig) -> Backend:
-    num_blocks = config.num_chunks * config.blocks_per_chunk + config.num_small_pool_blocks
+    num_blocks = config.num_chunks * config.blocks_per_chunk
     if config.backend == "cuda":
         from allocator.cuda_backend import CudaBackend
         return CudaBackend(num_blocks, config.block_bytes, config.device_index)
@@ -45,8 +44,6 @@ class UnifiedAllocator:
         self.config = config
         self.backend = backend or make_backend(config)
         self.chunk_pool = ChunkPool(config, self.backend)
-        first_small = config.num_chunks * config.blocks_per_chunk
-        self.small_pool = SmallPool(self.backend, range(first_small, first_small + config.num_small_pool_blocks))
         self.kv_slots: KvSlots | None = None
         self.shrink_one_layer: Callable[[], bool] | None = None
         self.kv_demand_slots = 0
@@ -99,14 +96,8 @@ class UnifiedAllocator:
         return num_lent
 
     def alloc_tensor(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        """Under one block (and within a buddy root): the small pool while it has room. Otherwise lent
-        blocks, lending more chunks if needed; OutOfLentMemory when KV can spare none."""
+        """A tensor in lent blocks, lending more chunks if needed; OutOfLentMemory when KV can spare none."""
         num_bytes = tensor_bytes(shape, dtype)
-        if self.small_pool.takes(num_bytes):
-            try:
-                return self.small_pool.alloc_tensor(shape, dtype)
-            except OutOfLentMemory:
-                pass
         try:
             return self.chunk_pool.alloc_tensor(shape, dtype)
         except OutOfLentMemory:
@@ -120,8 +111,7 @@ class UnifiedAllocator:
     def record_stream(self, tensor: torch.Tensor, stream) -> None:
         """`stream` uses this tensor: freeing or moving it waits for the work queued there by then
         (torch's own record_stream does nothing for memory that is not torch's)."""
-        if not self.small_pool.owns(tensor):
-            self.chunk_pool.record_stream(tensor, stream)
+        self.chunk_pool.record_stream(tensor, stream)
 
     def record_kv_stream(self, stream) -> None:
         """A stream other than the scheduler's current one that runs KV reads/writes (SGLang's
@@ -144,10 +134,7 @@ class UnifiedAllocator:
         return range(first_slot // per_chunk, (first_slot + num_slots - 1) // per_chunk + 1)
 
     def free_tensor(self, tensor: torch.Tensor) -> None:
-        if self.small_pool.owns(tensor):
-            self.small_pool.free_tensor(tensor)
-        else:
-            self.chunk_pool.free_tensor(tensor)
+        self.chunk_pool.free_tensor(tensor)
 
     def return_idle_chunks(self, max_chunks: int | None = None) -> int:
         """Give idle lent chunks back to KV, lowest id first (new KV prefers low ids)."""
@@ -215,13 +202,10 @@ class UnifiedAllocator:
             "fragmentation_pct": 100.0 * fragmentation_bytes / lent_bytes if lent_bytes else 0.0,
             "reserve_bytes": self.reserve_bytes,
             "kv_demand_slots": self.kv_demand_slots,
-            "small_pool_bytes": self.small_pool.num_bytes,
-            "small_pool_used_bytes": self.small_pool.used_bytes,
             "num_reclaimed_chunks": self.num_reclaimed_chunks,
             "num_shrink_calls": self.num_shrink_calls,
         }
 
     def close(self) -> None:
         self.chunk_pool.close()
-        self.small_pool.close()
         self.backend.close()

@@ -22,8 +22,7 @@ def test_cuda_backend_reports_a_missing_driver_as_an_error_naming_the_call():
 
 
 def cuda_config(**fields) -> AllocatorConfig:
-    defaults = {"num_layers": 4, "kv_row_bytes": 8 * 128 * 2, "num_chunks": 6, "small_pool_bytes": 2 << 20,
-                "backend": "cuda"}
+    defaults = {"num_layers": 4, "kv_row_bytes": 8 * 128 * 2, "num_chunks": 6, "backend": "cuda"}
     return AllocatorConfig(**{**defaults, **fields})
 
 

@@ -1,4 +1,4 @@
-"""Torch-free policy of the unified allocator: chunk ledger and buddy allocator under random sequences."""
+"""Torch-free policy of the unified allocator: the chunk ledger under random sequences."""
 
 from itertools import pairwise
 
@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.buddy_allocator import BuddyAllocator
 from allocator.chunk_ledger import ChunkLedger, ChunkState
 
 NUM_CHUNKS = 6
@@ -103,40 +102,3 @@ def test_a_tensor_tail_is_shared_with_the_next_tensor_head():
     assert ledger.num_used_blocks == 2, "the shared block stays used by the second tensor"
     ledger.release(2)
     assert ledger.idle_chunk_ids() == [0]
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.integers(1, 16384), st.integers(-40, -1)), max_size=80))
-def test_buddy_blocks_disjoint_aligned_and_coalesce(ops):
-    buddy = BuddyAllocator(num_bytes=3 * 16384, max_bytes=16384)
-    live: dict[int, int] = {}
-    for op in ops:
-        if op > 0:
-            offset = buddy.alloc(op)
-            if offset is None:
-                continue
-            size = buddy.min_bytes << buddy.order_for(op)
-            assert size >= op and offset % size == 0 and offset + size <= buddy.num_bytes
-            for other, other_size in live.items():
-                assert offset + size <= other or other + other_size <= offset, "buddy blocks overlap"
-            live[offset] = size
-        elif live:
-            offset = sorted(live)[-op % len(live)]
-            buddy.free(offset)
-            del live[offset]
-        assert buddy.used_bytes == sum(live.values())
-    for offset in list(live):
-        buddy.free(offset)
-    assert buddy.used_bytes == 0 and buddy.num_live == 0
-    # Fully coalesced: three whole top-level blocks can be allocated again.
-    assert [buddy.alloc(16384) is not None for _ in range(3)] == [True] * 3
-
-
-def test_buddy_rejects_bad_sizes_and_unknown_offsets():
-    buddy = BuddyAllocator(num_bytes=16384, max_bytes=16384)
-    for bad in (0, -5, 16385):
-        with pytest.raises(ValueError):
-            buddy.alloc(bad)
-    with pytest.raises(KeyError):
-        buddy.free(2048)
-    assert buddy.used_bytes == 0

@@ -33,7 +33,7 @@ def small_config(backend: str = "host", **fields) -> AllocatorConfig:
     # fp32 rows of 256 bytes; a 16 KiB block holds 64 token slots per layer (host pages are 4 KiB).
     block_bytes = 2 << 20 if backend == "cuda" else 16384
     defaults = {"num_layers": 2, "kv_row_bytes": HEADS * HEAD_DIM * 4, "num_chunks": 8, "block_bytes": block_bytes,
-                "small_pool_bytes": block_bytes, "backend": backend}
+                "backend": backend}
     return AllocatorConfig(**{**defaults, **fields})
 
 
@@ -209,19 +209,6 @@ def test_alloc_lends_more_chunks_when_needed_and_spans_chunks(pool):
     assert allocator.stats()["chunks_lent_idle"] == 2
 
 
-def test_small_allocations_use_the_buddy_pool(pool):
-    allocator, _ = pool
-    tensors = [allocator.alloc_tensor((100,), torch.float32) for _ in range(3)]
-    assert allocator.stats()["small_pool_used_bytes"] == 3 * 2048
-    assert allocator.stats()["chunks_lent"] == 0
-    for i, tensor in enumerate(tensors):
-        tensor.fill_(i)
-    assert [int(t[0]) for t in tensors] == [0, 1, 2]
-    for tensor in tensors:
-        allocator.free_tensor(tensor)
-    assert allocator.stats()["small_pool_used_bytes"] == 0
-
-
 def test_reserve_formula_limits_lending():
     """Pins HARLI 4.4: reserved = T_release / TPOT * max_batch tokens of KV stay free; lending stops there."""
     config = small_config(release_ms=30.0, tpot_target_ms=20.0, max_batch=100)
@@ -359,7 +346,7 @@ def test_syscall_failures_surface_as_errors_naming_the_call():
 
 
 @pytest.mark.parametrize("fields", [{"num_layers": 0}, {"kv_row_bytes": 3000}, {"backend": "tpu"},
-                                    {"tpot_target_ms": 0.0}, {"small_pool_bytes": -1}])
+                                    {"tpot_target_ms": 0.0}])
 def test_config_rejects_bad_values_with_a_message(fields):
     with pytest.raises(HarvestError):
         small_config(**fields)
@@ -388,20 +375,21 @@ def test_a_reclaimed_chunk_comes_back_zeroed():
         allocator.close()
 
 
-def test_small_allocations_fall_back_to_lent_blocks_when_the_small_pool_is_full_or_absent():
-    """With no small pool (size 0, the default) or a full one, an allocation under one block takes lent
-    blocks instead of failing."""
-    for small_pool_bytes in (0, 16384):
-        allocator, _, _, _ = build(small_config(small_pool_bytes=small_pool_bytes))
-        try:
-            tensors = [allocator.alloc_tensor((1000,), torch.float32) for _ in range(5)]
-            stats = allocator.stats()
-            assert stats["chunks_lent"] == 1
-            assert stats["small_pool_used_bytes"] == min(small_pool_bytes, 4 * 4096)
-            for tensor in tensors:
-                allocator.free_tensor(tensor)
-        finally:
-            allocator.close()
+def test_small_allocations_share_lent_blocks():
+    """An allocation under one block takes bytes of a lent block, next to others, each keeping its values."""
+    allocator, _, _, _ = build(small_config())
+    try:
+        tensors = [allocator.alloc_tensor((1000,), torch.float32) for _ in range(5)]
+        for i, tensor in enumerate(tensors):
+            tensor.fill_(i)
+        stats = allocator.stats()
+        assert stats["chunks_lent"] == 1 and stats["lent_used_bytes"] == 5 * 4000
+        assert [int(t[0]) for t in tensors] == [0, 1, 2, 3, 4] and [int(t[-1]) for t in tensors] == [0, 1, 2, 3, 4]
+        for tensor in tensors:
+            allocator.free_tensor(tensor)
+        assert allocator.stats()["lent_used_bytes"] == 0
+    finally:
+        allocator.close()
 
 
 def test_kv_demand_raises_the_floor_for_lending_and_reclaim():

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from allocator.small_pool import max_small_bytes, small_pool_bytes_from_profile
 from harvest.bench import allocator as bench
 from harvest.bench.weight_pattern import ALLOC, FREE, UNIT_END, load_pattern
 
@@ -40,17 +39,6 @@ def test_fragmentation_on_the_recorded_finetune_pattern_is_within_five_percent()
     assert result["reclaim_ms_per_mib"] * chunk_mib * 1e3 == pytest.approx(result["reclaim_us_per_chunk"])
     assert result["reclaim_mib_within_step_budget"] == pytest.approx(40.0 / result["reclaim_ms_per_mib"])
     assert result["reclaim_peak_fraction_of_step_budget"] == pytest.approx(result["reclaim_peak_ms"] / 40.0)
-
-
-def test_small_pool_is_sized_from_the_profile_peak():
-    block_bytes = 6 << 20
-    small = [2304, 4096, 9216, 65536]
-    sizes = [14 << 20, *small, 14 << 20]
-    assert all(n <= max_small_bytes(block_bytes) for n in small) and (14 << 20) > max_small_bytes(block_bytes)
-    pool_bytes = small_pool_bytes_from_profile(sizes, block_bytes, headroom=0.0)
-    assert sum(small) <= pool_bytes <= 2 * sum(small)
-    # Freeing everything before the next wave keeps the peak at one wave.
-    assert small_pool_bytes_from_profile(small + [-n for n in small] + small, block_bytes, 0.0) == pool_bytes
 
 
 def test_harvest_bench_allocator_prints_one_json_object():

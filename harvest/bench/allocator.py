@@ -16,7 +16,6 @@ import time
 import torch
 
 from allocator.config import AllocatorConfig
-from allocator.small_pool import small_pool_bytes_from_profile
 from allocator.unified_allocator import UnifiedAllocator
 from harvest.bench.weight_pattern import (
     ALLOC,
@@ -52,12 +51,10 @@ def run(args: argparse.Namespace) -> dict:
     pattern = load_pattern(args.pattern)
     events = pattern["events"]
     sizes = {e[1]: e[2] for e in events if e[0] == ALLOC}
-    signed_sizes = [sizes[e[1]] if e[0] == ALLOC else -sizes[e[1]] for e in events if e[0] != UNIT_END]
     geometry = KV_GEOMETRY
     probe = AllocatorConfig.for_kv_pool(*geometry.values(), 1)
     config = AllocatorConfig.for_kv_pool(
-        *geometry.values(), args.num_chunks * probe.slots_per_chunk - 1,
-        small_pool_bytes=small_pool_bytes_from_profile(signed_sizes, probe.block_bytes), backend=args.backend)
+        *geometry.values(), args.num_chunks * probe.slots_per_chunk - 1, backend=args.backend)
     allocator = UnifiedAllocator(config)
     tokens = ChunkTokenToKVPoolAllocator(config.num_slots - 1, torch.int64, allocator.backend.device, None, True,
                                          config.slots_per_chunk)
@@ -87,7 +84,7 @@ def run(args: argparse.Namespace) -> dict:
                     "num_units": sum(e[0] == UNIT_END for e in events)},
         "geometry": {"backend": args.backend, "torch_threads": args.torch_threads, "block_mib": config.block_bytes / MIB,
                      "chunk_mib": chunk_mib, "slots_per_chunk": config.slots_per_chunk,
-                     "num_chunks": config.num_chunks, "small_pool_mib": round(allocator.small_pool.num_bytes / MIB, 2)},
+                     "num_chunks": config.num_chunks},
     }
 
 
@@ -126,5 +123,4 @@ def _replay(allocator: UnifiedAllocator, events: list[list]) -> dict:
     pcts = [s["fragmentation_pct"] for s in samples]
     return {"max_pct": max(pcts), "final_pct": pcts[-1], "max_bytes": max(s["fragmentation_bytes"] for s in samples),
             "peak_lent_mib": max(s["lent_bytes"] for s in samples) / MIB,
-            "peak_used_mib": max(s["lent_used_bytes"] for s in samples) / MIB,
-            "small_pool_peak_used_mib": max(s["small_pool_used_bytes"] for s in samples) / MIB}
+            "peak_used_mib": max(s["lent_used_bytes"] for s in samples) / MIB}
