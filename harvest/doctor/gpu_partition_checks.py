@@ -133,37 +133,46 @@ def gpu_confine() -> dict:
 
 def gpu_handoff() -> dict:
     """Inputs written late on a schedule stream, forward on a partition stream, `.tolist()` back on the
-    schedule stream: wrong values without wait_stream both ways, right ones with it."""
+    schedule stream: wrong values with a bare stream switch, right ones through the product's hand-off
+    (harvest/sglang/step_streams.py, what the run_batch hook runs)."""
+    from types import SimpleNamespace
+
     import torch
+
+    from harvest.sglang.step_streams import StepStreams
 
     n = 1 << 20
     schedule, other = torch.cuda.Stream(), torch.cuda.Stream()
+    handoff = StepStreams(SimpleNamespace(enable_overlap=False))
     src = torch.arange(n, device="cuda")
     expected = (src * 2).tolist()
     wrong = {}
-    for label, sync in (("without_wait", False), ("with_wait_stream", True)):
+
+    def run_on_other(handed_off: bool, forward, batch):
+        if handed_off:
+            return handoff.run(forward, other, batch)
+        with torch.cuda.stream(other):
+            return forward()
+
+    for label, handed_off in (("without_wait", False), ("with_wait_stream", True)):
         with torch.cuda.stream(schedule):
             x = torch.full((n,), -1, dtype=torch.int64, device="cuda")
             torch.cuda._sleep(int(1e8))
             x.copy_(src)
-            if sync:
-                other.wait_stream(schedule)
-            with torch.cuda.stream(other):
-                y = x * 2
-            if sync:
-                schedule.wait_stream(other)
+            batch = SimpleNamespace(input_ids=x, sampling_info=None)
+            y = run_on_other(handed_off, lambda b=batch: b.input_ids * 2, batch)
             input_race = y.tolist() != expected
         torch.cuda.synchronize()
         with torch.cuda.stream(schedule):
-            x = src.clone()
-            if sync:
-                other.wait_stream(schedule)
-            with torch.cuda.stream(other):
+            batch = SimpleNamespace(input_ids=src.clone(), sampling_info=None)
+
+            def late_forward(b=batch):
                 y = torch.full((n,), -1, dtype=torch.int64, device="cuda")
                 torch.cuda._sleep(int(1e8))
-                torch.mul(x, 2, out=y)
-            if sync:
-                schedule.wait_stream(other)
+                torch.mul(b.input_ids, 2, out=y)
+                return SimpleNamespace(next_token_ids=y)
+
+            y = run_on_other(handed_off, late_forward, batch).next_token_ids
             output_race = y.tolist() != expected
         torch.cuda.synchronize()
         wrong[label] = {"input_race": input_race, "output_race": output_race}
