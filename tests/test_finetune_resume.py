@@ -14,6 +14,7 @@ from conftest import lora_state_dict
 
 from base.errors import HarvestError
 from harvest.finetune import FinetuneConfig, FinetuneEngine
+from harvest.finetune.decoder_units import GeneratorDropout
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -75,18 +76,34 @@ def test_pauses_between_arbitrary_units_do_not_change_the_result(tmp_path, refer
     assert_same_weights(lora_state_dict(engine), reference[1])
 
 
-def test_units_never_touch_the_global_rng(tmp_path, monkeypatch):
-    """Pins defect 9: run_next_unit swapped the global RNG state in and out around every unit, and in spatial
-    mode the unit thread did so while decode sampled from that same generator in the scheduler thread. The
-    job's dropout now draws from its own generator: the global state is never set, read back or advanced."""
+def test_dropout_draws_from_the_jobs_generator_and_the_device_rng_is_never_swapped(tmp_path, monkeypatch):
+    """Pins defect 9: run_next_unit swapped the device's global RNG state in and out around every unit, and in
+    spatial mode the unit thread did so while decode sampled from that same generator in the scheduler thread.
+    Dropout now draws from the job's generator (on a CPU the global CPU one, swapped per unit with the data
+    loader's draws, as before): the device generator is never set and the global CPU state comes back."""
     engine = FinetuneEngine.from_yaml(job(tmp_path, "rng"))
     assert engine.units.uses_dropout
-    set_calls = []
-    monkeypatch.setattr(torch, "set_rng_state", lambda state: set_calls.append(state))
+    device_sets = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda *a, **k: device_sets.append(a))
     before = torch.get_rng_state()
     kinds = [engine.run_next_unit().kind for _ in range(8)]
     assert "forward" in kinds and "backward" in kinds
-    assert set_calls == [] and torch.equal(torch.get_rng_state(), before)
+    assert device_sets == [] and torch.equal(torch.get_rng_state(), before)
+    dropouts = [m for m in engine.units.layers.modules() if isinstance(m, GeneratorDropout)]
+    assert dropouts and all(m.generator is engine.generator for m in dropouts)
+    assert not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in engine.units.layers.modules())
+
+
+@pytest.mark.gpu
+def test_cuda_units_never_set_the_device_generator(tmp_path, monkeypatch):
+    """The same on a GPU, where it matters: the old code called torch.cuda.set_rng_state twice per unit."""
+    engine = FinetuneEngine.from_yaml(job(tmp_path, "rng-cuda"), config=FinetuneConfig(device="cuda"))
+    device_sets = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda *a, **k: device_sets.append(a))
+    before = torch.cuda.get_rng_state()
+    for _ in range(8):
+        engine.run_next_unit()
+    assert device_sets == [] and torch.equal(torch.cuda.get_rng_state(), before)
 
 
 def test_kill_then_resume_loses_only_the_steps_since_the_last_checkpoint(tmp_path, reference):

@@ -84,7 +84,8 @@ class FinetuneEngine:
         self._queue.start(position["epoch"], position["update_step"])
         if not config.resume:
             self.generator.set_state(global_rng_state(self.device))
-        self._step_boundary_rng_state = self.generator.get_state()
+            self._cpu_rng_state = torch.get_rng_state()
+        self._step_boundary_rng_state = self._rng_states()
         # No layer is fetched yet: a step starts with the embedding unit, after which the window fills.
 
     @classmethod
@@ -123,7 +124,16 @@ class FinetuneEngine:
         if self.is_finished:
             raise RuntimeError("the finetune job is finished")
         started = time.perf_counter()
-        unit = self._run_unit()
+        # The data loader draws (its base seed) from torch's global CPU generator: the job keeps its own CPU
+        # state. Swapping that one is safe: decode samples on the device's generator (or, on a CPU worker, in
+        # this same thread); the device's global generator is never swapped (dropout uses self.generator).
+        outer_cpu_state = torch.get_rng_state()
+        torch.set_rng_state(self._cpu_rng_state)
+        try:
+            unit = self._run_unit()
+        finally:
+            self._cpu_rng_state = torch.get_rng_state()
+            torch.set_rng_state(outer_cpu_state)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         duration_ms = (time.perf_counter() - started) * 1e3
@@ -260,8 +270,10 @@ class FinetuneEngine:
         self.lr_scheduler = setup.lr_scheduler
         self.max_steps = setup.max_steps
         self._trainable = [p for p in setup.peft_model.parameters() if p.requires_grad]
-        # The job's dropout draws from its own generator, never the global one decode samples with.
-        self.generator = torch.Generator(self.device)
+        # On a GPU the job's dropout draws from its own generator, never the device's global one decode samples
+        # with. On a CPU it is the global CPU generator, swapped per unit with the data loader's draws (one
+        # stream, as in LlamaFactory; decode runs in this same thread there).
+        self.generator = torch.default_generator if self.device.type == "cpu" else torch.Generator(self.device)
         self.units = DecoderUnits(setup.peft_model, self.device, setup.autocast_dtype, self.generator)
         for module in self.units.non_layer_modules():
             module.to(self.device)
@@ -281,8 +293,14 @@ class FinetuneEngine:
         self.global_step += 1
         self._queue.end_update_step()
 
+    def _rng_states(self) -> dict:
+        """The job's RNG states between units (on a CPU its generator is the global one, swapped in per unit)."""
+        is_global = self.generator is torch.default_generator
+        return {"generator": self._cpu_rng_state if is_global else self.generator.get_state(),
+                "cpu": self._cpu_rng_state}
+
     def _finish_step(self) -> None:
-        self._step_boundary_rng_state = self.generator.get_state()
+        self._step_boundary_rng_state = self._rng_states()
         self._log.record(self.global_step, float(self._step_loss), self._step_tokens, self._step_ms,
                          self._num_window_layers)
         self._queue.end_step()
@@ -301,9 +319,11 @@ class FinetuneEngine:
         position, train_state = CheckpointStore.load(checkpoint, self.peft_model)
         self.optimizer.load_state_dict(train_state["optimizer"])
         self.lr_scheduler.load_state_dict(train_state["scheduler"])
-        if not isinstance(train_state["rng"], torch.Tensor):
+        if not isinstance(train_state["rng"], dict):
             raise HarvestError(f"--resume: checkpoint {str(checkpoint)!r} was written by an older harvest "
-                               "(global RNG state, not the job's generator); start the job afresh")
-        self.generator.set_state(train_state["rng"])
+                               "(global RNG states, not the job's generator); start the job afresh")
+        if self.generator is not torch.default_generator:
+            self.generator.set_state(train_state["rng"]["generator"])
+        self._cpu_rng_state = train_state["rng"]["cpu"]
         self.global_step = position["global_step"]
         return position
