@@ -259,7 +259,8 @@ def _wait_job_steps(admin_url: str, num_steps: int, timeout_s: float) -> None:
     raise HarvestError(f"the finetune job did not reach step {num_steps} in {timeout_s:.0f} s")
 
 
-TABLE_METRICS = ("steps_within_target", "tpot_ms_p50", "tpot_ms_p99", "finetune_tokens_per_s", "replay_s")
+TABLE_METRICS = ("steps_within_target", "tpot_ms_p50", "tpot_ms_p99", "finetune_tokens_per_s", "replay_s",
+                 "num_unfinished_requests")
 
 
 def _table(runs: list[dict]) -> dict:
@@ -293,18 +294,21 @@ def _median(values: list) -> float | None:
 
 
 def print_result(result: dict, console) -> None:
+    from rich.console import Console
     from rich.table import Table
 
+    console = Console(file=console.file, width=max(console.width, 132))  # rows in one line each, even in a log
     table = Table(title="harvest bench colocate (medians over repeats)", title_justify="left")
     for column in ("window", "row", "steps in target", "TPOT p50 ms", "TPOT p99 ms", "finetune tok/s",
-                   "replay s", "runs"):
+                   "replay s", "unfinished", "runs"):
         table.add_column(column, justify="left" if column in ("window", "row") else "right")
     for window, by_row in result["table"].items():
         for row, e in by_row.items():
             share = "-" if e["steps_within_target"] is None else f"{100 * e['steps_within_target']:.1f} %"
             table.add_row(window, ROWS.get(row, row), share, _cell(e["tpot_ms_p50"]), _cell(e["tpot_ms_p99"]),
-                          _cell(e["finetune_tokens_per_s"]), _cell(e["replay_s"]), str(e["num_runs"]))
-    console.print(table, width=max(console.width, 120))
+                          _cell(e["finetune_tokens_per_s"]), _cell(e["replay_s"]),
+                          f"{e['num_unfinished_requests']:g}", str(e["num_runs"]))
+    console.print(table)
     for window, rows in result["tpot_stretch_vs_decode_alone"].items():
         for row, ratio in rows.items():
             console.print(f"{window}: {ROWS.get(row, row)} stretches TPOT x{ratio['tpot_p50_ratio']} (p50), "
