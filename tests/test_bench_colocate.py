@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -22,7 +23,7 @@ from harvest.finetune.demo.tiny_job import write_tiny_job
 def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_path, harvest_cli):
     job = write_tiny_job(tmp_path, model_name_or_path=str(tiny_model_dir))
     proc = subprocess.run(
-        [*harvest_cli, "bench", "colocate", "--window", "ci=conv:17s+3s", "--rate-scale", "0.5",
+        [*harvest_cli, "bench", "colocate", "--window", "ci=conv:17s+2s", "--rate-scale", "1",
          "--max-context-tokens", "96", "--max-generated-tokens", "6", "--repeats", "1", "--warmup-steps", "1",
          "--tpot-ms", "500", "--drain-s", "60", "--model-path", str(tiny_model_dir), "--job", str(job),
          "--max-total-tokens", "4096", "--start-timeout-s", "300", "--log-dir", str(tmp_path / "logs")],
@@ -38,6 +39,8 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
         assert run["num_requests"] == num_requests and run["num_unfinished_requests"] == 0, (row, run["notes"])
         assert run["num_steps"] > 0 and 0.0 <= run["steps_within_target"] <= 1.0, row
         assert 0 < run["tpot_ms_p50"] <= run["tpot_ms_p99"] and run["replay_s"] > 0, row
+        replay = json.loads(Path(run["replay_results"]).read_text())
+        assert replay["policies"]["live"]["decode"]["num_steps"] == run["num_steps"], row
     assert runs["decode-alone"]["finetune_tokens_per_s"] is None
     for row in ROWS:
         if row != "decode-alone":
@@ -68,3 +71,15 @@ def test_a_child_started_to_stop_with_its_parent_stops_when_the_parent_is_killed
     while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--window", "steady"], "expected NAME=TRACE:START+LENGTH"),
+    (["--rows", "decode-alone,three-processes"], "unknown row 'three-processes'"),
+    (["--window", "x=conv:99999s+1s"], "no request arrives"),
+])
+def test_bad_flags_get_one_line_and_start_nothing(flags, message, harvest_cli, tmp_path):
+    proc = subprocess.run([*harvest_cli, "bench", "colocate", *flags, "--log-dir", str(tmp_path / "logs")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "logs").exists()

@@ -18,6 +18,7 @@ what they are: eval/README.md, "harvest against two processes".
 
 import argparse
 import datetime
+import json
 import os
 import re
 import shlex
@@ -197,6 +198,8 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
         replay = LiveReplay(worker.url, worker.admin_url, args.tpot_ms, args.concurrency, drain_s=args.drain_s)
         replay_start_wall_s = time.time()
         results = replay.run(trace)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "replay.json").write_text(json.dumps(results))  # `harvest replay`'s results.json, for a closer look
         replay_s = results["replay_s"]
         if trainer is not None:
             trainer.wait_logged_after(replay_start_wall_s + replay_s, args.start_timeout_s)
@@ -227,6 +230,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
         "replay_s": replay_s,
         "notes": results["notes"],
         "log_dir": str(run_dir),
+        "replay_results": str(run_dir / "replay.json"),
         "worker_log": str(worker.log_path),
     }
 
