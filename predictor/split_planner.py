@@ -36,6 +36,7 @@ REFRESH_EVERY = 256
 REFRESH_TOLERANCE = 0.05
 REBUILD_EVERY = 4
 PRUNE_SLACK = 1.1
+TIE_TOLERANCE = 1e-9  # relative: losses this close train the same tokens up to rounding
 
 
 @dataclass(slots=True)
@@ -172,8 +173,14 @@ class SplitPlanner:
             solo = (b0 * padded + c0 + k0 * num_kv_tokens) * g
             if solo <= max_allowance:
                 candidate = best_from[bisect_left(allowances, solo)]
-                if candidate[1] * solo < least_loss:
-                    least_loss = candidate[1] * solo
+                loss = candidate[1] * solo
+                # Equal finetune tokens (to TIE_TOLERANCE): the lower predicted decode latency, the lower TPOT.
+                # Decode alone, the fastest decode, is only left for a pair that trains strictly more.
+                if loss < least_loss * (1.0 - TIE_TOLERANCE) or (
+                    best is not None and loss <= least_loss * (1.0 + TIE_TOLERANCE)
+                    and candidate[3] * solo < best[3] * best_solo
+                ):
+                    least_loss = loss
                     best, best_solo, best_infer = candidate, solo, infer_sms
         tokens_per_s = rate - least_loss / target
         if best is None:

@@ -168,3 +168,23 @@ def test_bad_arguments_are_rejected():
         planner.observe(planner.plan(4, 10, True), -1.0)
     with pytest.raises(HarvestError, match="TPOT SLO"):
         SplitPlanner(make_profile(fixed_model()), 0.0)
+
+
+def test_equal_finetune_tokens_break_toward_the_lower_decode_latency():
+    """Pins the tie-break (issue 19): (4, 6) and (5, 5) train exactly the same tokens over the budget (proxy
+    rates: 6/10 of the device for 5 ms, or 5/10 for 4 ms, then the same slice per ms left) and every other
+    candidate trains fewer. The planner takes (5, 5), whose 4 ms decode keeps TPOT lower; before the
+    tie-break it kept the first row it met, (4, 6) with 5 ms."""
+    grid = PartitionGrid(10, 1)
+    # Step latency is c0 and a negligible b0 (the planner's pruning divides by it): i * solo_i is 20 for
+    # rows 4 and 5 (up to 1e-9 relative), 30 for the rest.
+    solo_ms = {i: 30.0 / i for i in grid.infer_options()} | {4: 5.0, 5: 4.0}
+    solo = SoloModel(1, tuple(SoloCoefficients(i, 1e-9, ms, 0.0) for i, ms in solo_ms.items()), {})
+    model = LatencyModel(grid, solo, ColoModel("eq5_bandwidth", 1.0, 0.0, 0.0, 0.0, ()))
+    values = brute_force_best(model, 8, 100.0, 10.0)
+    assert values[0][0] == pytest.approx(values[1][0], rel=1e-9)
+    assert {values[0][1], values[1][1]} == {(4, 6), (5, 5)} and values[2][0] < 0.99 * values[0][0]
+    decision = SplitPlanner(make_profile(model), 10.0, plan_margin=0.0).plan(8, 100.0, has_ready_work=True)
+    assert (decision.infer_sms, decision.ft_sms) == (5, 5)
+    assert decision.predicted_ms == pytest.approx(4.0)
+    assert decision.finetune_tokens_per_s * 10.0 == pytest.approx(values[0][0], rel=1e-9)

@@ -1,6 +1,7 @@
 """`harvest bench NAME`: run one benchmark, print its result as one JSON object, then as a table.
 
-A benchmark module defines `add_arguments(parser)` and `run(args) -> dict` (flat or one level nested).
+A benchmark module defines `add_arguments(parser)` and `run(args) -> dict` (flat or one level nested), and
+may define `print_result(result, console)` where a metric/value table does not fit its result.
 """
 
 import argparse
@@ -17,6 +18,7 @@ BENCH_MODULES = {
     "finetune": "harvest.finetune.bench",
     "serve": "harvest.bench.serve",
     "pd": "harvest.deploy.bench_pd",
+    "colocate": "harvest.bench.colocate",
 }
 
 
@@ -34,7 +36,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = importlib.import_module(args.bench_module).run(args)
+    module = importlib.import_module(args.bench_module)
+    result = module.run(args)
     print(json.dumps(result))
-    print_table(f"harvest bench {args.bench}", result, Console(stderr=True))
+    if hasattr(module, "print_result"):
+        module.print_result(result, Console(stderr=True))
+    else:
+        print_table(f"harvest bench {args.bench}", result, Console(stderr=True))
     return 0

@@ -3,6 +3,7 @@
 Used by `harvest demo`, the benchmarks and the end-to-end tests: the same process a user runs.
 """
 
+import ctypes
 import os
 import random
 import signal
@@ -19,17 +20,22 @@ from base.errors import HarvestError
 
 
 class WorkerProcess:
-    def __init__(self, args: list[str], port: int, admin_port: int, log_path: Path,
-                 command: list[str] | None = None, env: dict | None = None):
-        """`command` defaults to `harvest serve`; `args` follow it (the port flags are added here)."""
+    def __init__(self, args: list[str], port: int | None, admin_port: int, log_path: Path,
+                 command: list[str] | None = None, env: dict | None = None, stop_with_parent: bool = False):
+        """`command` defaults to `harvest serve`; `args` follow it (the port flags are added here; `port` None:
+        a process that serves nothing, such as a trainer, gets none and is started with `launch`).
+        `stop_with_parent`: the process gets SIGTERM when the thread that started it dies, even by kill -9
+        (PR_SET_PDEATHSIG): start it from a thread that lives as long as it should."""
         self.port = port
         self.admin_port = admin_port
         self.log_path = Path(log_path)
-        self._argv = [*(command or [sys.executable, "-m", "harvest.cli.main", "serve"]), *args,
-                      "--port", str(port)]
+        self._argv = [*(command or [sys.executable, "-m", "harvest.cli.main", "serve"]), *args]
+        if port is not None:
+            self._argv += ["--port", str(port)]
         if command is None:
             self._argv += ["--admin-port", str(admin_port)]
         self._env = {**os.environ, **(env or {})}
+        self._preexec = _sigterm_when_parent_dies if stop_with_parent else None
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -41,12 +47,17 @@ class WorkerProcess:
         return f"http://127.0.0.1:{self.admin_port}"
 
     def start(self, timeout_s: float = 300.0) -> "WorkerProcess":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "w")
-        # Own process group: a signal meant for the worker never reaches whoever started it.
-        self.proc = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT, env=self._env,
-                                     start_new_session=True)
+        self.launch()
         self._wait_ready(timeout_s)
+        return self
+
+    def launch(self) -> "WorkerProcess":
+        """Start the process without waiting for it to serve."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "w") as log:
+            # Own process group: a signal meant for the worker never reaches whoever started it.
+            self.proc = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT, env=self._env,
+                                         start_new_session=True, preexec_fn=self._preexec)  # noqa: PLW1509
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -89,6 +100,14 @@ class WorkerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # looked up before any fork: the child only makes the call
+
+
+def _sigterm_when_parent_dies() -> None:
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_ports(count: int) -> list[int]:

@@ -1,0 +1,340 @@
+"""`harvest bench colocate`: harvest against what a user would run instead, live, on the same trace windows.
+
+Every row is a live replay (`harvest.replay.LiveReplay`) of the same trace window against a fresh decode
+worker, `harvest serve` with its defaults (the embedded model, SGLang's CPU flags):
+- decode alone: the worker without a job;
+- harvest, one row per co-location mode (HARVEST_MODES): the worker with the LoRA job inside;
+- two processes, defaults: the worker without a job beside `llamafactory-cli train` on the same YAML;
+- two processes, pinned: the worker under `taskset -c` on the first half of the cores and the trainer on
+  the second half, OMP_NUM_THREADS = half the cores for each: the static split a user would pick.
+
+Steps within target come from the worker's own step records for every row (the worker without a job
+records its steps too); TPOT is per request, client side. Finetune tokens are non-padding tokens: the
+job's count (admin stats) for harvest, LlamaFactory's `total_tokens` (trainer_process.py) for the trainer,
+both over the replay's own wall time. The job and the trainer are past `--warmup-steps` optimizer steps
+when a replay starts. Rows alternate order between repeats (reversed on odd repeats). Why the numbers are
+what they are: eval/README.md, "harvest against two processes".
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from base.errors import HarvestError
+from harvest.bench.trainer_process import TrainerProcess, cpu_halves
+from harvest.worker.client import read_stats
+from harvest.worker.process import WorkerProcess, free_ports
+
+DEMO_JOB = Path(__file__).resolve().parents[1] / "finetune" / "demo" / "demo.yaml"
+HARVEST_MODES = {
+    # co-location mode: the `harvest serve` flags that select it (a new mode is one line here)
+    "temporal": (),
+}
+ROWS = {  # row id (--rows, JSON): what the table calls it; in run order (reversed on odd repeats)
+    "decode-alone": "decode alone",
+    "two-process": "two processes, defaults",
+    **{f"harvest-{mode}": f"harvest ({mode})" for mode in HARVEST_MODES},
+    "two-process-pinned": "two processes, pinned",
+}
+DEFAULT_WINDOWS = ("steady=conv:17s+12s", "bursty=code:179s+12s")
+_WINDOW = re.compile(r"^(\w+)=([^:]+):([\d.]+s?)\+([\d.]+s?)$")
+JOB_POLL_S = 1.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--window", action="append", default=None, metavar="NAME=TRACE:START+LENGTH",
+                        help=f"a trace window to replay (repeatable; default {' '.join(DEFAULT_WINDOWS)})")
+    parser.add_argument("--rate-scale", type=float, default=0.1, help="replay rate scale (default 0.1, as the demo)")
+    parser.add_argument("--max-context-tokens", type=int, default=256)
+    parser.add_argument("--max-generated-tokens", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=8, help="most requests in flight (default 8)")
+    parser.add_argument("--tpot-ms", type=float, default=300.0, help="TPOT target in ms (default 300, as the demo)")
+    parser.add_argument("--drain-s", type=float, default=120.0)
+    parser.add_argument("--repeats", type=int, default=2, help="repeats per window; odd ones reverse the row order")
+    parser.add_argument("--rows", default="all", help=f"comma-separated row ids: {','.join(ROWS)} (default all)")
+    parser.add_argument("--job", default=None, help="LlamaFactory YAML (default: the demo job)")
+    parser.add_argument("--model-path", default=None, help="HF model dir (default: embedded SmolLM2-135M)")
+    parser.add_argument("--warmup-steps", type=int, default=1,
+                        help="optimizer steps the job or trainer has done before a replay starts (default 1)")
+    parser.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool tokens (SGLang flag)")
+    parser.add_argument("--start-timeout-s", type=float, default=600.0)
+    parser.add_argument("--log-dir", default="runs/bench-colocate", help="worker and trainer logs")
+
+
+def run(args: argparse.Namespace) -> dict:
+    from harvest.models import resolve_model_path
+
+    windows = [_parse_window(text) for text in (args.window or DEFAULT_WINDOWS)]
+    rows = tuple(ROWS) if args.rows == "all" else tuple(r.strip() for r in args.rows.split(","))
+    if unknown := [r for r in rows if r not in ROWS]:
+        raise HarvestError(f"--rows: unknown row {unknown[0]!r}; rows: {','.join(ROWS)}")
+    if args.repeats < 1 or args.warmup_steps < 1:
+        raise HarvestError("--repeats and --warmup-steps must be >= 1")
+    traces = {name: _load_window(spec, args) for name, spec in windows}
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    model_path = str(resolve_model_path(args.model_path))
+    job = _job(args.job, model_path, log_dir)
+    load_start = os.getloadavg()[0]
+    started = time.perf_counter()
+    runs = []
+    # SIGTERM unwinds like Ctrl-C, so the `finally` clauses stop every worker and trainer.
+    previous_handler = signal.signal(signal.SIGTERM, _interrupt)
+    worker, worker_key = None, None
+    try:
+        for name, _ in windows:
+            for repeat in range(args.repeats):
+                for row in (rows if repeat % 2 == 0 else rows[::-1]):
+                    run_dir = log_dir / f"{name}-{repeat}-{row}"
+                    print(f"bench colocate: {name} repeat {repeat}: {ROWS[row]}", file=sys.stderr)
+                    flags, cpus = _worker_config(row, job, model_path, run_dir, args)
+                    # Adjacent rows on the same worker without a job share it (decode alone and two processes,
+                    # defaults): a worker with a job is never reused, its job would carry over.
+                    if (flags, cpus) != worker_key or "--finetune" in flags:
+                        if worker is not None:
+                            worker.stop()
+                        worker, worker_key = _worker(flags, run_dir, cpus), (flags, cpus)
+                        worker.start(args.start_timeout_s)
+                    runs.append({"window": name, "repeat": repeat, "row": row,
+                                 **_run_row(row, traces[name], worker, job, run_dir, args)})
+    finally:
+        if worker is not None:
+            worker.stop()
+        signal.signal(signal.SIGTERM, previous_handler)
+    return {
+        "table": _table(runs),
+        "tpot_stretch_vs_decode_alone": _stretch(runs),
+        "runs": runs,
+        "windows": {name: {"spec": spec, **traces[name].summary()} for name, spec in windows},
+        "config": {"tpot_slo_ms": args.tpot_ms, "rate_scale": args.rate_scale, "concurrency": args.concurrency,
+                   "max_context_tokens": args.max_context_tokens,
+                   "max_generated_tokens": args.max_generated_tokens, "repeats": args.repeats,
+                   "warmup_steps": args.warmup_steps, "job": job, "harvest_modes": dict(HARVEST_MODES)},
+        "device": _device_name(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "load_avg_1m_start": round(load_start, 2),
+        "load_avg_1m_end": round(os.getloadavg()[0], 2),
+        "command": _command(args),
+    }
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _parse_window(text: str) -> tuple[str, str]:
+    if not _WINDOW.match(text):
+        raise HarvestError(f"--window {text!r}: expected NAME=TRACE:START+LENGTH, e.g. steady=conv:17s+12s")
+    name, spec = text.split("=", 1)
+    return name, spec
+
+
+def _load_window(spec: str, args: argparse.Namespace):
+    from harvest.replay.replay_run import ReplayRunConfig, load_replay_trace
+
+    trace, start, length = _WINDOW.match(f"window={spec}").group(2, 3, 4)
+    config = ReplayRunConfig(trace=trace, out="", window=length, window_start=start, rate_scale=args.rate_scale,
+                             max_context_tokens=args.max_context_tokens,
+                             max_generated_tokens=args.max_generated_tokens)
+    loaded = load_replay_trace(config)
+    if loaded.num_requests == 0:
+        raise HarvestError(f"--window {spec}: no request arrives in this window")
+    return loaded
+
+
+def _job(job_path: str | None, model_path: str, log_dir: Path) -> dict:
+    """The LlamaFactory config both harvest and the trainer run, with absolute paths (as `harvest demo`)."""
+    path = Path(job_path) if job_path else DEMO_JOB
+    try:
+        job = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise HarvestError(f"--job {path}: {e}") from None
+    if not isinstance(job, dict):
+        raise HarvestError(f"--job {path}: not a YAML mapping")
+    if job.get("model_name_or_path") in (None, "harvest:embedded"):
+        job["model_name_or_path"] = model_path
+    job["dataset_dir"] = str((path.parent / job.get("dataset_dir", ".")).resolve())
+    job.update(output_dir=str((log_dir / "adapter").resolve()), max_steps=10**6, save_steps=10**9)
+    return job
+
+
+def _worker_config(row: str, job: dict, model_path: str, run_dir: Path,
+                   args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
+    """(`harvest serve` flags, the cores it is pinned to or None) of the row's decode worker."""
+    flags = ["--model-path", model_path, "--max-total-tokens", str(args.max_total_tokens)]
+    if row.startswith("harvest-"):
+        job_path = run_dir / "job.yaml"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        job_path.write_text(yaml.safe_dump({**job, "output_dir": str((run_dir / "adapter").resolve())}))
+        flags += ["--finetune", str(job_path), "--tpot-slo-ms", str(args.tpot_ms),
+                  *HARVEST_MODES[row.removeprefix("harvest-")]]
+    cpus = tuple(cpu_halves()[0]) if row == "two-process-pinned" else None
+    return tuple(flags), cpus
+
+
+def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, args: argparse.Namespace) -> dict:
+    from harvest.replay.live_replay import LiveReplay
+
+    trainer = None
+    try:
+        if row.startswith("two-process"):
+            trainer_cpus = cpu_halves()[1] if row == "two-process-pinned" else None
+            trainer = TrainerProcess(job, run_dir / "trainer", trainer_cpus,
+                                     len(trainer_cpus) if trainer_cpus else None)
+            trainer.start(args.warmup_steps, args.start_timeout_s)
+        elif row.startswith("harvest-"):
+            _wait_job_steps(worker.admin_url, args.warmup_steps, args.start_timeout_s)
+        replay = LiveReplay(worker.url, worker.admin_url, args.tpot_ms, args.concurrency, drain_s=args.drain_s)
+        replay_start_wall_s = time.time()
+        results = replay.run(trace)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "replay.json").write_text(json.dumps(results))  # `harvest replay`'s results.json, for a closer look
+        replay_s = results["replay_s"]
+        if trainer is not None:
+            trainer.wait_logged_after(replay_start_wall_s + replay_s, args.start_timeout_s)
+            finetune_tokens = trainer.tokens_between(replay_start_wall_s, replay_start_wall_s + replay_s)
+            counted_by = "llamafactory trainer_log.jsonl total_tokens (non_padding), interpolated per step"
+        else:
+            before, after = (results["policies"]["live"]["finetune"][k] or {} for k in ("before", "after"))
+            finetune_tokens = after["tokens"] - before["tokens"] if "tokens" in after else None
+            counted_by = "harvest job stats: tokens (non-padding)" if finetune_tokens is not None else None
+    finally:
+        if trainer is not None:
+            trainer.stop()
+    decode = results["policies"]["live"]["decode"]
+    return {
+        "steps_within_target": decode["step_slo_attainment"],
+        "num_steps": decode["num_steps"],
+        "step_ms_p50": decode["step_latency_ms_p50"],
+        "step_ms_p99": decode["step_latency_ms_p99"],
+        "tpot_ms_p50": decode["tpot_ms_p50"],
+        "tpot_ms_p99": decode["tpot_ms_p99"],
+        "requests_within_target": decode["request_tpot_slo_attainment"],
+        "num_requests": decode["num_requests"],
+        "num_unfinished_requests": decode["num_unfinished_requests"],
+        "num_failed_requests": decode["num_failed_requests"],
+        "finetune_tokens": finetune_tokens,
+        "finetune_tokens_per_s": None if finetune_tokens is None else round(finetune_tokens / replay_s, 2),
+        "finetune_counted_by": counted_by,
+        "replay_s": replay_s,
+        "notes": results["notes"],
+        "log_dir": str(run_dir),
+        "replay_results": str(run_dir / "replay.json"),
+        "worker_log": str(worker.log_path),
+    }
+
+
+def _worker(serve_flags: tuple[str, ...], run_dir: Path, cpus: tuple[int, ...] | None) -> WorkerProcess:
+    from base.cuda_driver import ensure_driver_or_stub
+    from harvest.sglang.launcher import CPU_ENGINE_ENV
+
+    port, admin_port = free_ports(2)
+    env = dict(CPU_ENGINE_ENV) if ensure_driver_or_stub() else {}
+    command = [sys.executable, "-m", "harvest.cli.main", "serve"]
+    if cpus is not None:
+        cpu_list = ",".join(map(str, cpus))
+        command = ["taskset", "-c", cpu_list, *command]
+        # SGLang binds its OpenMP threads itself on CPUs with AMX: keep them on the worker's half too.
+        env.update(OMP_NUM_THREADS=str(len(cpus)), SGLANG_CPU_OMP_THREADS_BIND=cpu_list)
+    return WorkerProcess([*serve_flags, "--admin-port", str(admin_port)], port, admin_port,
+                         run_dir / "worker.log", command=command, env=env, stop_with_parent=True)
+
+
+def _wait_job_steps(admin_url: str, num_steps: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        finetune = read_stats(admin_url).get("finetune") or {}
+        if finetune.get("state") in ("failed", "stopped", "finished"):
+            raise HarvestError(f"the finetune job is {finetune['state']} before the replay: {finetune.get('error')}")
+        if finetune.get("step", 0) >= num_steps:
+            return
+        time.sleep(JOB_POLL_S)
+    raise HarvestError(f"the finetune job did not reach step {num_steps} in {timeout_s:.0f} s")
+
+
+TABLE_METRICS = ("steps_within_target", "tpot_ms_p50", "tpot_ms_p99", "finetune_tokens_per_s", "replay_s",
+                 "num_unfinished_requests")
+
+
+def _table(runs: list[dict]) -> dict:
+    """Per window and row: the median over repeats of each metric (None where a run has none)."""
+    table: dict[str, dict] = {}
+    for run in runs:
+        table.setdefault(run["window"], {}).setdefault(run["row"], [])
+        table[run["window"]][run["row"]].append(run)
+    return {window: {row: {metric: _median([r[metric] for r in row_runs]) for metric in TABLE_METRICS}
+                     | {"num_runs": len(row_runs)} for row, row_runs in by_row.items()}
+            for window, by_row in table.items()}
+
+
+def _stretch(runs: list[dict]) -> dict:
+    """How much each harvest mode stretches request TPOT beyond decode alone, per window (median runs)."""
+    table, out = _table(runs), {}
+    for window, by_row in table.items():
+        alone = by_row.get("decode-alone")
+        for row, entry in by_row.items():
+            if alone and row.startswith("harvest-") and alone["tpot_ms_p50"] and entry["tpot_ms_p50"]:
+                out.setdefault(window, {})[row] = {
+                    "tpot_p50_ratio": round(entry["tpot_ms_p50"] / alone["tpot_ms_p50"], 3),
+                    "tpot_p99_ratio": round(entry["tpot_ms_p99"] / alone["tpot_ms_p99"], 3),
+                }
+    return out
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 4) if values else None
+
+
+def print_result(result: dict, console) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=console.file, width=max(console.width, 132))  # rows in one line each, even in a log
+    table = Table(title="harvest bench colocate (medians over repeats)", title_justify="left")
+    for column in ("window", "row", "steps in target", "TPOT p50 ms", "TPOT p99 ms", "finetune tok/s",
+                   "replay s", "unfinished", "runs"):
+        table.add_column(column, justify="left" if column in ("window", "row") else "right")
+    for window, by_row in result["table"].items():
+        for row, e in by_row.items():
+            share = "-" if e["steps_within_target"] is None else f"{100 * e['steps_within_target']:.1f} %"
+            table.add_row(window, ROWS.get(row, row), share, _cell(e["tpot_ms_p50"]), _cell(e["tpot_ms_p99"]),
+                          _cell(e["finetune_tokens_per_s"]), _cell(e["replay_s"]),
+                          f"{e['num_unfinished_requests']:g}", str(e["num_runs"]))
+    console.print(table)
+    for window, rows in result["tpot_stretch_vs_decode_alone"].items():
+        for row, ratio in rows.items():
+            console.print(f"{window}: {ROWS.get(row, row)} stretches TPOT x{ratio['tpot_p50_ratio']} (p50), "
+                          f"x{ratio['tpot_p99_ratio']} (p99) beyond decode alone")
+
+
+def _cell(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _command(args: argparse.Namespace) -> str:
+    argv = ["harvest", "bench", "colocate"]
+    for window in args.window or DEFAULT_WINDOWS:
+        argv += ["--window", window]
+    for flag in ("rate_scale", "max_context_tokens", "max_generated_tokens", "concurrency", "tpot_ms", "drain_s",
+                 "repeats", "rows", "job", "model_path", "warmup_steps", "max_total_tokens"):
+        if getattr(args, flag) is not None:
+            argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    return shlex.join(argv)
+
+
+def _device_name() -> str:
+    from harvest.profiler.live_profile import cpu_model_name
+
+    return f"{cpu_model_name()}, {os.cpu_count()} cores"

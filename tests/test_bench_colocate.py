@@ -1,0 +1,85 @@
+"""`harvest bench colocate` at CI scale: every row is produced, live, by real workers and real trainers.
+
+Checks that each row ran and measured what it reports, not how the rows compare (that is eval/README.md's
+job on the full windows). Tiny model, tiny job, one short window, one repeat.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harvest.bench.colocate import ROWS
+from harvest.finetune.demo.tiny_job import write_tiny_job
+
+
+@pytest.mark.sglang
+def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_path, harvest_cli):
+    job = write_tiny_job(tmp_path, model_name_or_path=str(tiny_model_dir))
+    proc = subprocess.run(
+        [*harvest_cli, "bench", "colocate", "--window", "ci=conv:17s+2s", "--rate-scale", "1",
+         "--max-context-tokens", "96", "--max-generated-tokens", "6", "--repeats", "1", "--warmup-steps", "1",
+         "--tpot-ms", "500", "--drain-s", "60", "--model-path", str(tiny_model_dir), "--job", str(job),
+         "--max-total-tokens", "4096", "--start-timeout-s", "300", "--log-dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    table = result["table"]["ci"]
+    assert set(table) == set(ROWS)
+    runs = {run["row"]: run for run in result["runs"]}
+    num_requests = result["windows"]["ci"]["num_requests"]
+    for row, run in runs.items():
+        assert run["num_requests"] == num_requests and run["num_unfinished_requests"] == 0, (row, run["notes"])
+        assert run["num_steps"] > 0 and 0.0 <= run["steps_within_target"] <= 1.0, row
+        assert 0 < run["tpot_ms_p50"] <= run["tpot_ms_p99"] and run["replay_s"] > 0, row
+        replay = json.loads(Path(run["replay_results"]).read_text())
+        assert replay["policies"]["live"]["decode"]["num_steps"] == run["num_steps"], row
+    assert runs["decode-alone"]["finetune_tokens_per_s"] is None
+    for row in ROWS:
+        if row != "decode-alone":
+            assert runs[row]["finetune_tokens_per_s"] > 0, (row, runs[row]["finetune_counted_by"])
+    assert set(result["tpot_stretch_vs_decode_alone"]["ci"]) == {r for r in ROWS if r.startswith("harvest-")}
+    # No worker or trainer outlives the bench: no process still runs on this test's model or files.
+    leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+                 if any(str(tmp_path) in arg or str(tiny_model_dir) in arg for arg in p.info["cmdline"] or [])]
+    assert not leftovers
+
+
+def test_a_child_started_to_stop_with_its_parent_stops_when_the_parent_is_killed(tmp_path):
+    """Pins `WorkerProcess(stop_with_parent=True)` (what the bench starts its workers and trainers with):
+    the parent is SIGKILLed, so no `finally` of its runs; the child must get SIGTERM from the kernel."""
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from harvest.worker.process import WorkerProcess
+        child = WorkerProcess(["-c", "import time; time.sleep(600)"], None, 0, {str(tmp_path / "child.log")!r},
+                              command=[{sys.executable!r}], stop_with_parent=True).launch()
+        print(child.proc.pid, flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(parent.stdout.readline()))
+    assert child.is_running()
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--window", "steady"], "expected NAME=TRACE:START+LENGTH"),
+    (["--rows", "decode-alone,three-processes"], "unknown row 'three-processes'"),
+    (["--window", "x=conv:99999s+1s"], "no request arrives"),
+])
+def test_bad_flags_get_one_line_and_start_nothing(flags, message, harvest_cli, tmp_path):
+    proc = subprocess.run([*harvest_cli, "bench", "colocate", *flags, "--log-dir", str(tmp_path / "logs")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "logs").exists()
