@@ -47,6 +47,33 @@ def test_serve_refuses_lora_flags_that_conflict_with_the_job(tmp_path, harvest_c
     assert "Traceback" not in result.stderr
 
 
+def test_publish_with_no_job_is_a_409_naming_the_problem():
+    from fastapi.testclient import TestClient
+
+    from harvest.admin.admin_app import create_admin_app
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.runtime import HarvestRuntime
+
+    client = TestClient(create_admin_app(HarvestRuntime(ServeConfig(admin=AdminConfig()))))
+    response = client.post("/harvest/finetune/publish")
+    assert response.status_code == 409 and "runs no finetune job" in response.json()["detail"]
+
+
+def test_publish_before_the_first_optimizer_step_is_refused(tmp_path):
+    from harvest.colocation import FinetuneJob
+    from harvest.finetune import FinetuneConfig
+    from harvest.sglang.adapter_publisher import AdapterPublisher
+
+    job = FinetuneJob(FinetuneConfig(yaml_path=str(write_tiny_job(tmp_path, publish_every_steps=2))))
+    with pytest.raises(HarvestError, match="does not publish its adapter"):
+        job.request_publish(1.0)
+    job.start()
+    assert job.wait_built(300) and job.state.value == "running", job.error
+    job.publisher = AdapterPublisher("http://127.0.0.1:1", ADAPTER_NAME)  # refused before it is used
+    with pytest.raises(HarvestError, match="no optimizer step yet: nothing to publish"):
+        job.request_publish(1.0)
+
+
 @pytest.fixture(scope="module")
 def publishing_worker(tmp_path_factory):
     work = tmp_path_factory.mktemp("publish")
@@ -79,6 +106,10 @@ def test_the_job_publishes_every_n_steps_and_requests_get_it_by_name(publishing_
     assert len(response.json()["output_ids"]) == 8
     unknown = {**prefilled_request([3, 4, 5], 2, room=2), "lora_path": "no-such-adapter"}
     assert httpx.post(f"{worker.url}/generate", json=unknown, timeout=120).status_code == 400
+    metrics = httpx.get(f"{worker.admin_url}/metrics", timeout=60).text
+    version_line = next(line for line in metrics.splitlines() if line.startswith("harvest_published_version "))
+    assert float(version_line.split()[1]) >= 1
+    assert 'harvest_publish_cost_seconds{part="load"}' in metrics
 
 
 @pytest.mark.sglang
