@@ -107,7 +107,7 @@ def _finetune_config(args: argparse.Namespace, model_path):
     # max_unit_ms None: the controller sizes units from the profile (or a quarter of the target without one).
     config = finetune_config(SERVE_FLAGS, yaml_path=args.finetune, device="cuda" if has_real_driver() else "cpu",
                              max_unit_ms=args.finetune_max_unit_ms, num_window_layers=args.finetune_window_layers,
-                             resume=args.finetune_resume)
+                             resume=args.finetune_resume, served_model_path=str(model_path))
     job = check_job(args.finetune, config, resume_flag=SERVE_FLAGS["resume"])
     return config, job
 
