@@ -31,6 +31,8 @@ class HarvestRuntime:
         self.kv_lending_note = "off (no --finetune)" if config.finetune is None else "off (--no-kv-lending)"
         self._running: dict[int, DecodeStep] = {}
         self._admin_server = None
+        self.publisher = None
+        """An AdapterPublisher into this worker (harvest.sglang.hooks sets it when the job publishes)."""
 
     @property
     def job(self):
@@ -75,6 +77,7 @@ class HarvestRuntime:
         if self.config.finetune is not None:
             partitions = self.green_partitions(device_index)
             self.controller = _build_controller(self.config, self.profile, partitions, self.lender, device_index)
+            self.job.publisher = self.publisher
             self.job.start()
         if serve_admin:
             from harvest.admin.admin_app import AdminServer
@@ -114,6 +117,13 @@ class HarvestRuntime:
         self.metrics.record_step(step)
         return step
 
+    def adapter_loaded(self, load_ms: float) -> None:
+        """SGLang loaded a published adapter in the scheduler thread: the next decode step waited for it."""
+        if self.publisher is not None:
+            self.publisher.note_load_ms(load_ms)
+        if self.controller is not None:
+            self.controller.charge_wait_ms(load_ms)
+
     def on_idle(self, kv_demand_slots: int = 0) -> None:
         if self.controller is not None:
             self.metrics.finetune_tokens.inc(self.controller.on_idle(kv_demand_slots))
@@ -127,6 +137,8 @@ class HarvestRuntime:
             self.job.pause()
         elif action == "resume":
             self.job.resume()
+        elif action == "publish":
+            return self.job.request_publish(timeout_s)
         elif action == "stop":
             if not self.job.request_stop(timeout_s):
                 raise HarvestError(f"the finetune job did not checkpoint within {timeout_s:.0f} s")

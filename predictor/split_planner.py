@@ -168,7 +168,7 @@ class SplitPlanner:
         else:
             least_loss = rate * target  # no slice at all: any feasible pair beats it
             rows = self._rows
-        best = None
+        best, best_solo, best_infer = None, 0.0, self._full_sms
         for b0, c0, k0, infer_sms, max_allowance, allowances, best_from, _ in rows:
             solo = (b0 * padded + c0 + k0 * num_kv_tokens) * g
             if solo <= max_allowance:

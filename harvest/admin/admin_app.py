@@ -18,7 +18,8 @@ from harvest.config import AdminConfig
 logger = logging.getLogger(__name__)
 
 ENDPOINTS = ["/healthz", "/harvest/stats", "/harvest/steps", "/metrics",
-             "POST /harvest/finetune/pause", "POST /harvest/finetune/resume", "POST /harvest/finetune/stop"]
+             "POST /harvest/finetune/pause", "POST /harvest/finetune/resume", "POST /harvest/finetune/stop",
+             "POST /harvest/finetune/publish"]
 
 
 class AdminServer:
@@ -72,8 +73,8 @@ def create_admin_app(runtime) -> FastAPI:
 
     @app.post("/harvest/finetune/{action}", dependencies=[Depends(require_token)])
     def finetune(action: str):
-        if action not in ("pause", "resume", "stop"):
-            raise HTTPException(404, f"no finetune action {action!r}; actions: pause, resume, stop")
+        if action not in ("pause", "resume", "stop", "publish"):
+            raise HTTPException(404, f"no finetune action {action!r}; actions: pause, resume, stop, publish")
         try:
             return runtime.finetune_action(action)
         except HarvestError as e:

@@ -36,6 +36,11 @@ class HarvestMetrics:
         self.finetune_window = Gauge("harvest_finetune_window_layers", "Resident frozen-weight layers", registry=r)
         self.split_sms = Gauge("harvest_split_sms", "SMs given to each task by the last decision", ["task"],
                                registry=r)
+        self.published_version = Gauge("harvest_published_version", "Version of the adapter being trained that "
+                                       "this worker serves (0: none yet)", registry=r)
+        self.published_step = Gauge("harvest_published_step", "Optimizer step of the served version", registry=r)
+        self.publish_cost = Gauge("harvest_publish_cost_seconds", "Scheduler-thread time of the last publish",
+                                  ["part"], registry=r)
         self.allocator = AllocatorMetrics(r)
 
     def record_step(self, step: DecodeStep) -> None:
@@ -55,6 +60,13 @@ class HarvestMetrics:
             self.finetune_loss.set(job_stats["loss"])
         if job_stats.get("window") is not None:
             self.finetune_window.set(job_stats["window"])
+        published = job_stats.get("published")
+        if published is not None:
+            self.published_version.set(published["version"])
+            self.published_step.set(published["step"] or 0)
+            for part in ("snapshot_ms", "load_ms"):
+                if published[part] is not None:
+                    self.publish_cost.labels(part.removesuffix("_ms")).set(published[part] / 1e3)
         split = controller_stats.get("split")
         if split is not None:
             self.split_sms.labels("decode").set(split["infer_sms"])

@@ -65,9 +65,10 @@ def run(args: argparse.Namespace) -> int:
     from harvest.worker.supervisor import supervise
 
     model_path = resolve_model_path(args.model_path)
+    finetune, job = _finetune_config(args, model_path)
     config = ServeConfig(
         admin=AdminConfig(host=args.admin_host, port=args.admin_port, token=args.admin_token),
-        finetune=_finetune_config(args, model_path),
+        finetune=finetune,
         tpot_slo_ms=args.tpot_slo_ms,
         profile_path=args.profile,
         kv_lending=not args.no_kv_lending,
@@ -82,27 +83,33 @@ def run(args: argparse.Namespace) -> int:
     is_cpu_host = ensure_driver_or_stub()
     # SGLang's scheduler process loads the PD transfer engine, which links libibverbs (build/syslibs).
     os.environ["LD_LIBRARY_PATH"] = library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))
-    server_args = parse_sglang_args(build_sglang_argv(str(model_path), args.passthrough, is_cpu_host))
+    passthrough = args.passthrough
+    if job is not None and job.publishing is not None:
+        from harvest.sglang.lora_flags import lora_flags_for
+
+        passthrough = [*passthrough, *lora_flags_for(job, passthrough, is_cpu_host)]
+    server_args = parse_sglang_args(build_sglang_argv(str(model_path), passthrough, is_cpu_host))
     return supervise(server_args, config, is_cpu_host)
 
 
 def _finetune_config(args: argparse.Namespace, model_path):
     """Check the whole job up front (harvest's job check; no model or data loaded): a bad job is an error
     here, not a failed job inside a worker that took a minute to start."""
+    """(the job's FinetuneConfig, its parsed YAML), (None, None) without --finetune."""
     if args.finetune is None:
-        return None
+        return None, None
     from base.cuda_driver import has_real_driver
     from harvest.finetune import FinetuneConfig
     from harvest.finetune.job_validation import check_job, finetune_config
 
     if args.tpot_slo_ms is None or not args.tpot_slo_ms > 0:
-        return FinetuneConfig(yaml_path=args.finetune)  # ServeConfig names the missing or bad --tpot-slo-ms
+        return FinetuneConfig(yaml_path=args.finetune), None  # ServeConfig names the missing or bad --tpot-slo-ms
     # max_unit_ms None: the controller sizes units from the profile (or a quarter of the target without one).
     config = finetune_config(SERVE_FLAGS, yaml_path=args.finetune, device="cuda" if has_real_driver() else "cpu",
                              max_unit_ms=args.finetune_max_unit_ms, num_window_layers=args.finetune_window_layers,
-                             resume=args.finetune_resume)
-    check_job(args.finetune, config, resume_flag=SERVE_FLAGS["resume"])
-    return config
+                             resume=args.finetune_resume, served_model_path=str(model_path))
+    job = check_job(args.finetune, config, resume_flag=SERVE_FLAGS["resume"])
+    return config, job
 
 
 def _check_profile(path: str, allow_synthetic: bool) -> None:

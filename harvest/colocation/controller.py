@@ -47,6 +47,7 @@ class Controller:
         self._unit_estimates: dict[str, float] = {}
         self._decision = None
         self._idle_unit_ms = 0.0
+        self._charged_wait_ms = 0.0
         self.fill_fraction = 1.0
         self.num_units_in_slack = 0
         self.num_units_idle = 0
@@ -70,7 +71,8 @@ class Controller:
 
     def before_step(self, step: DecodeStep) -> None:
         # A batch that arrived while an idle-time unit ran waited for it: at most that unit's time.
-        step.idle_wait_ms, self._idle_unit_ms = self._idle_unit_ms, 0.0
+        step.idle_wait_ms = self._idle_unit_ms + self._charged_wait_ms
+        self._idle_unit_ms = self._charged_wait_ms = 0.0
         self.job.poll()
         if self.planner is None:
             self._decision = None
@@ -115,6 +117,11 @@ class Controller:
         step.is_slo_met = self.slo.record(step.latency_ms + finetune_ms + step.idle_wait_ms)
         if not step.is_slo_met:
             self.fill_fraction /= 2  # whatever overran (a unit, memory work, the wait), give decode room
+
+    def charge_wait_ms(self, wait_ms: float) -> None:
+        """Scheduler-thread work outside a step (SGLang loading a published adapter) delays the next step:
+        charged to it as a wait, like an idle-time unit."""
+        self._charged_wait_ms += wait_ms
 
     def on_idle(self, kv_demand_slots: int = 0) -> int:
         """No decode batch: run one unit (the loop comes back here between units to check for requests).

@@ -60,6 +60,9 @@ class FinetuneJob:
         self._is_ready = False
         self._unit_ms_total = 0.0
         self._stats: dict = {}
+        self.publisher = None
+        """An AdapterPublisher (set by the worker when the job's YAML publishes); None: no publishing."""
+        self._publish_requested = threading.Event()
         self._builder = threading.Thread(target=self._build, name="harvest-finetune-build", daemon=True)
 
     @property
@@ -102,6 +105,9 @@ class FinetuneJob:
         if self._stop_requested.is_set():
             self._stop()
             return
+        if self._publish_requested.is_set() and self._phase in ACTIVE_PHASES:
+            self._publish_requested.clear()
+            self._publish()
         self._refresh_readiness()
 
     def has_ready_work(self) -> bool:
@@ -143,6 +149,9 @@ class FinetuneJob:
         if result.is_step_end:
             self._num_samples += self._samples_per_step
             self._refresh_stats()
+            every = self.publish_every_steps
+            if every is not None and self.engine.global_step % every == 0:
+                self._publish()
             if self.engine.is_finished:
                 self._finish()
         self._refresh_readiness()
@@ -153,7 +162,47 @@ class FinetuneJob:
         if self._phase == FinetuneState.RUNNING and time.monotonic() - self._last_unit_s > self.STARVED_AFTER_S:
             self._phase = FinetuneState.STARVED
 
+    @property
+    def publish_every_steps(self) -> int | None:
+        publishing = self.engine.llamafactory.publishing if self.engine is not None else None
+        return None if publishing is None or self.publisher is None else publishing.every_steps
+
+    def _publish(self) -> None:
+        """Snapshot the adapter and hand it to the publisher (SGLang loads it between batches); the snapshot
+        runs inside the caller's unit or turn, so its time is charged like finetune time."""
+        from harvest.finetune.publishing import adapter_config_dict, adapter_tensors
+
+        started = time.perf_counter()
+        try:
+            tensors = adapter_tensors(self.engine.peft_model)
+            self.publisher.publish(
+                tensors, adapter_config_dict(self.engine.peft_model), self.engine.global_step, started)
+        except Exception as e:  # noqa: BLE001 - a failed publish must not stop training or serving
+            logger.error("harvest: snapshotting the adapter for publishing failed: %s", e)
+
     # ---- admin thread ----
+
+    def request_publish(self, timeout_s: float) -> dict:
+        """Publish the adapter as of the last optimizer step; returns the publisher's stats once served."""
+        if self.publisher is None:
+            raise HarvestError("the job does not publish its adapter: set publish_every_steps or publish_name "
+                               "in its YAML")
+        if self._phase not in ACTIVE_PHASES:
+            raise HarvestError(f"cannot publish a finetune job that is {self.state.value}")
+        if self.engine.global_step == 0:
+            raise HarvestError("the job has made no optimizer step yet: nothing to publish")
+        version_before = self.publisher.stats()["version"]
+        self._publish_requested.set()
+        deadline = time.monotonic() + timeout_s
+        while self._publish_requested.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self._publish_requested.is_set() or not self.publisher.wait_published(version_before + 1,
+                                                                                  deadline - time.monotonic()):
+            stats = self.publisher.stats()
+            raise HarvestError(f"the adapter was not published within {timeout_s:.0f} s"
+                               + (f": {stats['error']}" if stats["error"] else ""))
+        return self.publisher.stats()
+
 
     def pause(self) -> None:
         self._check_controllable("pause")
@@ -181,6 +230,7 @@ class FinetuneJob:
             "tokens": self._num_tokens,
             "samples": self._num_samples,
             **self._stats,
+            "published": None if self.publisher is None else self.publisher.stats(),
         }
 
     # ---- internals ----

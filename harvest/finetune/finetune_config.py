@@ -23,6 +23,9 @@ class FinetuneConfig:
     parsed YAML instead)."""
     model_path: str | None = None
     """Overrides the YAML's model_name_or_path (the worker's own model)."""
+    served_model_path: str | None = None
+    """The model the worker serves (`harvest serve`): the job shares its weights only if it is the same
+    model (harvest.finetune.base_weights); None: a job outside a worker."""
 
     def __post_init__(self) -> None:
         if self.num_window_layers is not None and self.num_window_layers < 1:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from base.errors import HarvestError
+from harvest.finetune.base_weights import base_weight_mode
 from harvest.finetune.checkpoint_store import CheckpointStore
 from harvest.finetune.decoder_units import DecoderUnits, global_rng_state
 from harvest.finetune.finetune_config import FinetuneConfig
@@ -67,6 +68,7 @@ class FinetuneEngine:
                     "pass --resume to continue it or set overwrite_output_dir: true"
                 )
             self._store.remove_all()
+        self.base_weights = base_weight_mode(llamafactory.raw["model_name_or_path"], config.served_model_path)
         self._build(llamafactory, weight_memory)
         self._policy = WindowPolicy(self.units.num_layers)
         self._num_window_layers = self.units.num_layers
@@ -256,6 +258,7 @@ class FinetuneEngine:
             "num_layers": self.units.num_layers,
             "resident_layers": self._swapper.num_resident_layers,
             "resident_bytes": self._swapper.resident_bytes(),
+            "base_weights": self.base_weights,
             "state": state,
         }
 

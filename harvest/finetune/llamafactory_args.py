@@ -62,6 +62,8 @@ class LlamaFactoryArgs:
     training_args: Any
     finetuning_args: Any
     generating_args: Any
+    publishing: Any = None
+    """harvest's publishing keys (harvest.finetune.publishing.Publishing), None when publishing is off."""
 
     @classmethod
     def from_yaml(
@@ -98,7 +100,10 @@ class LlamaFactoryArgs:
                 raw["dataset_dir"] = str(candidate)
         check_supported(raw)
         raw["model_name_or_path"] = str(_resolve_model(raw["model_name_or_path"]))
-        return cls(raw, *_parse(raw))
+        from harvest.finetune.publishing import split_harvest_keys
+
+        llamafactory_raw, publishing = split_harvest_keys(raw)
+        return cls(raw, *_parse(llamafactory_raw), publishing=publishing)
 
     @property
     def output_dir(self) -> Path:
@@ -123,8 +128,9 @@ def check_supported(raw: dict[str, Any]) -> None:
         if value not in (None, False, 0, 0.0, "", [], {}):
             raise HarvestError(f"{key}: {what} is not supported by harvest's layer-wise engine")
     from harvest.finetune.job_validation import check_values
+    from harvest.finetune.publishing import split_harvest_keys
 
-    check_values(raw)
+    check_values(split_harvest_keys(raw)[0])
     if raw.get("template") is not None:
         _check_template(raw["template"])
     _check_dataset(raw["dataset"], raw.get("dataset_dir", "data"))

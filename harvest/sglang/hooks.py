@@ -13,6 +13,7 @@ Hooked (the SGLang of version.py: disaggregation/decode.py event loops, model_ru
   Scheduler.process_batch_result  AFTER   its tokens are out: time it, give finetune what it left
   Scheduler.on_idle               AFTER   no batch to run: one finetune unit
   Scheduler._check_full_pool      AROUND  the idle leak check counts lent slots as accounted for
+  Scheduler.load_lora_adapter_from_tensors  AROUND  a published adapter's load, timed and charged
 """
 
 import contextlib
@@ -44,6 +45,10 @@ def run_scheduler_process(config: ServeConfig, server_args, port_args, gpu_id, t
     from sglang.srt.managers import scheduler
 
     runtime = HarvestRuntime(config)
+    if server_args.enable_lora:
+        from harvest.sglang.cpu_lora import disable_pinned_memory_without_cuda
+
+        disable_pinned_memory_without_cuda()
     install_hooks(runtime, serve_admin=tp_rank == 0)
     try:
         scheduler.run_scheduler_process(server_args, port_args, gpu_id, tp_rank, *args)
@@ -111,6 +116,13 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         return check(scheduler, pool_stats, uncached + num_lent, *args, **kwargs)
 
     def after_init_info(result, scheduler, *args, **kwargs):
+        publishing = publishing_of(runtime.config)
+        if publishing is not None and serve_admin:
+            from harvest.sglang.adapter_publisher import AdapterPublisher
+
+            args = scheduler.server_args
+            host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+            runtime.publisher = AdapterPublisher(f"http://{host}:{args.port}", publishing.name)
         runtime.start(serve_admin, scheduler.gpu_id)
         return result
 
@@ -120,6 +132,12 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
             state["step_streams"] = StepStreams(scheduler, state["stream_groups"],
                                                 None if allocator is None else allocator.record_kv_stream)
         return state["step_streams"]
+
+    def around_load_lora_from_tensors(load, scheduler, *args, **kwargs):
+        started = time.perf_counter()
+        result = load(scheduler, *args, **kwargs)
+        runtime.adapter_loaded((time.perf_counter() - started) * 1e3)
+        return result
 
     def around_run_batch(run_batch, scheduler, batch, *args, **kwargs):
         if not batch.forward_mode.is_decode():
@@ -149,7 +167,21 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
     HookRegistry.register(f"{SCHEDULER}.process_batch_result", after_process_batch_result, HookType.AFTER)
     HookRegistry.register(f"{SCHEDULER}.on_idle", after_on_idle, HookType.AFTER)
     HookRegistry.register(f"{SCHEDULER}._check_full_pool", around_check_full_pool, HookType.AROUND)
+    HookRegistry.register(f"{SCHEDULER}.load_lora_adapter_from_tensors", around_load_lora_from_tensors,
+                          HookType.AROUND)
     HookRegistry.apply_hooks()
+
+
+def publishing_of(config: ServeConfig):
+    """The job's Publishing (harvest.finetune.publishing), None without a job or when it does not publish."""
+    if config.finetune is None or config.finetune.yaml_path is None:
+        return None
+    import yaml
+
+    from harvest.finetune.publishing import split_harvest_keys
+
+    with open(config.finetune.yaml_path) as f:
+        return split_harvest_keys(yaml.safe_load(f))[1]
 
 
 def kv_lending_unsupported(runner) -> str | None:
