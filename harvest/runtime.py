@@ -37,9 +37,9 @@ class HarvestRuntime:
 
     @property
     def wants_kv_lending(self) -> bool:
-        """Lend free KV memory to the job: only with temporal co-location, where units run in the scheduler
-        thread, the one thread that may touch KV slots (spatial units run in a thread of their own)."""
-        return self.config.finetune is not None and self.config.kv_lending and not self.is_spatial
+        """Lend free KV memory to the job, in either mode: the lender runs in the scheduler thread while it
+        owns the job (spatial_controller.py: the unit thread hands it back after every step)."""
+        return self.config.finetune is not None and self.config.kv_lending
 
     def attach_kv_pool(self, allocator) -> None:
         """SGLang's KV pool was built over the unified allocator (harvest.sglang.hooks): lend from it."""
@@ -113,6 +113,16 @@ class HarvestRuntime:
                 raise HarvestError(f"the finetune job did not checkpoint within {timeout_s:.0f} s")
         return self.job.stats()
 
+    def pin_partition(self, infer: int, ft: int) -> dict:
+        """Run every step on (infer, ft) from the next one (a spatial worker only)."""
+        if self.controller is None or self.controller.mode != "spatial":
+            raise HarvestError("only a spatial worker has partitions to pin (--pin-partition or a co-run --profile)")
+        if infer + ft > self.controller.partitions.num_sms:
+            raise HarvestError(f"partition ({infer}, {ft}) needs more than the device's "
+                               f"{self.controller.partitions.num_sms}")
+        self.controller.pinned = (infer, ft)
+        return {"pinned": [infer, ft]}
+
     def stats_snapshot(self, window_steps: int | None = None) -> dict:
         snapshot = {"decode": self.stats.snapshot(window_steps)}
         if self.controller is not None:
@@ -144,8 +154,11 @@ def _load_profile(config: ServeConfig):
 
 
 def _is_spatial(config: ServeConfig, profile) -> bool:
-    """Spatial co-location where the profile has co-run partitions and the device is a GPU; else temporal."""
-    return profile is not None and config.finetune.device.startswith("cuda") and profile.latency_model.has_colo
+    """Spatial co-location where the profile has co-run partitions (SMs of a GPU, or cores of a CPU host) or
+    --pin-partition names one; else temporal."""
+    if config.finetune is None:
+        return False
+    return config.pinned_partition is not None or (profile is not None and profile.latency_model.has_colo)
 
 
 def _build_controller(config: ServeConfig, profile, is_spatial: bool, lender):
@@ -165,17 +178,31 @@ def _build_controller(config: ServeConfig, profile, is_spatial: bool, lender):
         finetune_config = dataclasses.replace(finetune_config, max_unit_ms=max_unit_ms)
     job = FinetuneJob(finetune_config, weight_memory=None if lender is None else lender.weight_memory)
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
-    if profile is None:
+    if profile is None and not is_spatial:
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
                                   "minus its measured time", lender)
     from predictor import SplitPlanner
 
-    planner = SplitPlanner(profile, config.tpot_slo_ms)
-    source = f"profile {config.profile_path} ({profile.device_name}), online correction on"
+    planner = None if profile is None else SplitPlanner(profile, config.tpot_slo_ms)
+    source = ("none: --pin-partition" if profile is None
+              else f"profile {config.profile_path} ({profile.device_name}), online correction on")
     if is_spatial:
-        from harvest.colocation.green_partitions import GreenPartitions
         from harvest.colocation.spatial_controller import SpatialController
 
-        partitions = GreenPartitions(0, list(profile.partitions))
-        return SpatialController(job, planner, slo, partitions, source)
+        partitions = _spatial_partitions(config, profile)
+        return SpatialController(job, planner, slo, partitions, source, lender, config.pinned_partition)
     return TemporalController(job, planner, slo, source, lender)
+
+
+def _spatial_partitions(config: ServeConfig, profile):
+    """SMs on green contexts on a GPU; core sets on a CPU host."""
+    pairs = list(profile.partitions) if profile is not None else []
+    if config.pinned_partition is not None and config.pinned_partition not in pairs:
+        pairs.append(config.pinned_partition)
+    if config.finetune.device.startswith("cuda"):
+        from harvest.colocation.green_partitions import GreenPartitions
+
+        return GreenPartitions(0, pairs)
+    from harvest.colocation.core_partitions import CorePartitions
+
+    return CorePartitions(pairs)

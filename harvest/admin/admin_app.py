@@ -18,7 +18,8 @@ from harvest.config import AdminConfig
 logger = logging.getLogger(__name__)
 
 ENDPOINTS = ["/healthz", "/harvest/stats", "/harvest/steps", "/metrics",
-             "POST /harvest/finetune/pause", "POST /harvest/finetune/resume", "POST /harvest/finetune/stop"]
+             "POST /harvest/finetune/pause", "POST /harvest/finetune/resume", "POST /harvest/finetune/stop",
+             "POST /harvest/partition?infer=I&ft=F"]
 
 
 class AdminServer:
@@ -76,6 +77,14 @@ def create_admin_app(runtime) -> FastAPI:
             raise HTTPException(404, f"no finetune action {action!r}; actions: pause, resume, stop")
         try:
             return runtime.finetune_action(action)
+        except HarvestError as e:
+            raise HTTPException(409, str(e)) from None
+
+    @app.post("/harvest/partition", dependencies=[Depends(require_token)])
+    def partition(infer: int = Query(..., ge=1), ft: int = Query(..., ge=0)):
+        """Pin a spatial worker's partition (what `harvest profile --co-run` measures on)."""
+        try:
+            return runtime.pin_partition(infer, ft)
         except HarvestError as e:
             raise HTTPException(409, str(e)) from None
 

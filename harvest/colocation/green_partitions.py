@@ -98,6 +98,23 @@ class GreenPartitions:
         decode_groups, finetune_groups = runs
         return self._stream_for(decode_groups), self._stream_for(finetune_groups) if ft_sms else None
 
+    # The partition interface SpatialController uses (CorePartitions is the CPU form): a context per thread.
+
+    def decode_context(self, infer_sms: int, ft_sms: int):
+        import torch
+
+        return torch.cuda.stream(self.streams(infer_sms, ft_sms)[0])
+
+    def finetune_context(self, infer_sms: int, ft_sms: int):
+        import torch
+
+        return torch.cuda.stream(self.streams(infer_sms, ft_sms)[1])
+
+    def whole_device_context(self):
+        import torch
+
+        return torch.cuda.stream(torch.cuda.default_stream(self._torch_device))
+
     def _stream_for(self, group_ids: range):
         key = (group_ids.start, group_ids.stop)
         if key not in self._streams:

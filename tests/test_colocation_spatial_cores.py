@@ -1,0 +1,113 @@
+"""Spatial co-location on CPU cores with real threads (no worker): decode runs in the scheduler thread on
+the inference cores while units run in the unit thread on the finetune cores, and the job is handed back
+before anything else touches it: the lender's rebalance never overlaps a unit, whatever the timing."""
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from base.errors import HarvestError
+from harvest.colocation.core_partitions import CorePartitions
+from harvest.colocation.finetune_job import FinetuneState
+from harvest.colocation.slo_tracker import SloTracker
+from harvest.colocation.spatial_controller import SpatialController
+from harvest.replay.simulated_job import SimulatedUnit
+from harvest.step_stats import DecodeStep
+
+CORES = sorted(os.sched_getaffinity(0))
+needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="core partitions need two cores")
+UNIT_MS = 3.0
+
+
+class RecordingJob:
+    """A job whose units spin for UNIT_MS and record where they ran and whether another unit overlapped."""
+
+    state = FinetuneState.RUNNING
+    is_active = True
+    engine = None
+    max_unit_ms = UNIT_MS
+
+    def __init__(self):
+        self.in_unit = threading.Event()
+        self.units = []   # (thread name, cores, torch threads)
+        self.overlaps = 0
+
+    def poll(self):
+        assert not self.in_unit.is_set(), "the scheduler polled the job while a unit ran"
+
+    def has_ready_work(self):
+        return True
+
+    def next_unit_kind(self):
+        return "unit"
+
+    def note_no_room(self):
+        pass
+
+    def run_unit(self):
+        if self.in_unit.is_set():
+            self.overlaps += 1
+        self.in_unit.set()
+        self.units.append((threading.current_thread().name, sorted(os.sched_getaffinity(0)), torch.get_num_threads()))
+        end = time.perf_counter() + UNIT_MS / 1e3
+        while time.perf_counter() < end:
+            pass
+        self.in_unit.clear()
+        return SimulatedUnit("unit", UNIT_MS, 10)
+
+
+class CheckingLender:
+    """Stands in for the KvLender: counts rebalances that found a unit in flight (must be none)."""
+
+    engine = None
+
+    def __init__(self, job):
+        self.job = job
+        self.num_rebalances = 0
+        self.num_during_unit = 0
+
+    def detach_engine(self):
+        pass
+
+    def rebalance(self, kv_demand_slots, can_grow):
+        self.num_rebalances += 1
+        self.num_during_unit += self.job.in_unit.is_set()
+        return False
+
+
+@needs_two_cores
+def test_units_co_run_on_the_finetune_cores_and_the_job_is_handed_back_before_rebalance():
+    job = RecordingJob()
+    lender = CheckingLender(job)
+    partitions = CorePartitions([(1, 1)], CORES[:2])
+    controller = SpatialController(job, None, SloTracker(30.0, 100), partitions, "test", lender, pinned=(1, 1))
+    decode_cores = []
+    try:
+        for n in range(40):
+            step = DecodeStep(n, 1, 10, time.perf_counter())
+            controller.before_step(step)
+            with controller.decode_stream_context():
+                decode_cores.append((sorted(os.sched_getaffinity(0)), torch.get_num_threads()))
+                time.sleep(0.01)  # the decode step: the unit thread runs beside it
+            step.latency_ms = (time.perf_counter() - step.start_s) * 1e3
+            controller.after_step(step, kv_demand_slots=1)
+    finally:
+        controller.close()
+    co_run = [u for u in job.units if u[0] == "harvest-finetune-units"]
+    assert co_run, "no unit ran beside decode"
+    assert {tuple(c) for _, c, _ in co_run} == {(CORES[1],)} and {t for *_, t in co_run} == {1}
+    assert decode_cores == [([CORES[0]], 1)] * 40
+    assert job.overlaps == 0
+    assert lender.num_rebalances == 40 and lender.num_during_unit == 0
+    stats = controller.stats()
+    assert stats["co_run"]["1,1"]["tokens"] == 10 * len(co_run)
+    assert stats["take_back_ms_max"] > 0.0
+    assert sorted(os.sched_getaffinity(0)) == CORES, "the scheduler thread's cores were not restored"
+
+
+def test_core_partitions_that_need_more_cores_than_the_host_has_are_refused():
+    with pytest.raises(HarvestError, match="more than this worker's 2 cores"):
+        CorePartitions([(2, 1)], [0, 1])
