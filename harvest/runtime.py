@@ -158,7 +158,17 @@ def _is_spatial(config: ServeConfig, profile) -> bool:
     --pin-partition names one; else temporal."""
     if config.finetune is None:
         return False
-    return config.pinned_partition is not None or (profile is not None and profile.latency_model.has_colo)
+    if config.pinned_partition is not None:
+        return True
+    if profile is None or not profile.latency_model.has_colo:
+        return False
+    # A profile's units are the device's: a GPU's SMs, or the cores of the CPU host it was measured on.
+    return config.finetune.device.startswith("cuda") or is_core_profile(profile)
+
+
+def is_core_profile(profile) -> bool:
+    """Measured on a CPU host (`harvest profile --co-run`): its partitions are core sets."""
+    return profile.device_name.startswith("CPU")
 
 
 def _build_controller(config: ServeConfig, profile, is_spatial: bool, lender):

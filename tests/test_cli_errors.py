@@ -46,6 +46,8 @@ def test_port_in_use(harvest_cli, tiny_model_dir):
         (["--disaggregation-mode", "prefill"], ["decode worker"]),
         (["--admin-host", "0.0.0.0"], ["--admin-token"]),
         (["--kv-block-kib", "48"], ["--kv-block-kib", "48"]),
+        (["--pin-partition", "1"], ["--pin-partition", "INFER,FT", "'1'"]),
+        (["--pin-partition", "1,1"], ["--pin-partition needs --finetune"]),
         (["--tpot-slo-ms", "100", "--profile", "predictor/profiles/synthetic-h100-llama3-8b.json"],
          ["SYNTHETIC", "--allow-synthetic-profile"]),
     ],

@@ -35,6 +35,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--statistic", choices=sorted(VISIT_STATISTICS), default="min",
                         help="which of a point's kept visits is its sample: min, the least disturbed (default), "
                         "or median")
+    parser.add_argument("--co-run", action="store_true",
+                        help="profile core partitions too (needs --finetune): decode pinned to some cores with the "
+                        "job co-running on the others; the profile then makes `harvest serve --profile` spatial")
     parser.add_argument("--port", type=int, default=30010)
     parser.add_argument("--admin-port", type=int, default=30110)
     parser.set_defaults(func=run)
