@@ -93,6 +93,7 @@ class SpatialController(Controller):
 
     def on_idle(self, kv_demand_slots: int = 0) -> int:
         """No decode batch: units run on the whole device, from the scheduler thread, one per idle turn."""
+        self._take_back()  # a step whose result never came (aborted) must not leave the job handed over
         self._partition = None
         return super().on_idle(kv_demand_slots)
 
