@@ -111,3 +111,56 @@ def test_units_co_run_on_the_finetune_cores_and_the_job_is_handed_back_before_re
 def test_core_partitions_that_need_more_cores_than_the_host_has_are_refused():
     with pytest.raises(HarvestError, match="more than this worker's 2 cores"):
         CorePartitions([(2, 1)], [0, 1])
+
+
+def core_profile(tmp_path):
+    """A 2-core profile fitted to a device with known latency (a test fixture, labelled synthetic): decode on
+    one core is 1.5x slower than on two, and one finetune core beside it trains almost as fast as two."""
+    from predictor import Profile
+    from predictor.finetune_throughput import FinetuneThroughput
+    from predictor.partition_grid import PartitionGrid
+    from predictor.sampling_plan import SamplingPlan
+    from predictor.synthetic_device import SyntheticDevice
+
+    grid = PartitionGrid(2, 1)
+    plan = SamplingPlan(grid, 16, 512, num_held_out_per_partition=2)
+    device = SyntheticDevice(grid, b0_ms=0.5, c0_ms=10.0, k0_ms=1e-3, k1=0.2, noise=0.01)
+    throughput = (FinetuneThroughput(1, 90.0, 90.0, 5.0), FinetuneThroughput(2, 100.0, None, 5.0))
+    return Profile.build(device.measure(plan.fit_points), grid, device_name="CPU: test device (SYNTHETIC)",
+                         model="test", finetune_config_id="test", samples_path=tmp_path / "none.csv",
+                         held_out=device.measure(plan.held_out_points, 1), finetune_throughput=throughput)
+
+
+@needs_two_cores
+def test_the_planner_picks_the_core_partition_per_step_and_decode_follows_it(tmp_path):
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.runtime import _is_spatial
+    from predictor import SplitPlanner
+
+    profile = core_profile(tmp_path)
+    assert profile.partitions == ((1, 0), (2, 0), (1, 1))
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cpu", yaml_path="job.yaml"), tpot_slo_ms=40.0)
+    assert _is_spatial(config, profile), "a CPU host's co-run profile makes the worker spatial"
+    job = RecordingJob()
+    planner = SplitPlanner(profile, 40.0)
+    controller = SpatialController(job, planner, SloTracker(40.0, 100), CorePartitions(list(profile.partitions),
+                                                                                        CORES[:2]), "test")
+    seen = []
+    try:
+        for batch_size in (1, 16, 1, 16):   # one request: room for decode on one core; 16 x 512: none
+            step = DecodeStep(0, batch_size, batch_size * 512, time.perf_counter())
+            controller.before_step(step)
+            units_before = len(job.units)
+            with controller.decode_stream_context():
+                cores = sorted(os.sched_getaffinity(0))
+                time.sleep(0.02)
+            step.latency_ms = controller.decision.predicted_ms  # as predicted: a busy host must not move the plan
+            controller.after_step(step)
+            co_ran = any(name == "harvest-finetune-units" for name, *_ in job.units[units_before:])
+            seen.append(((controller.decision.infer_sms, controller.decision.ft_sms), cores, co_ran))
+    finally:
+        controller.close()
+    assert [s[0] for s in seen] == [(1, 1), (2, 0)] * 2
+    assert [s[1] for s in seen] == [CORES[:1], CORES[:2]] * 2
+    assert [s[2] for s in seen] == [True, False] * 2
