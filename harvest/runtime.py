@@ -113,15 +113,18 @@ class HarvestRuntime:
                 raise HarvestError(f"the finetune job did not checkpoint within {timeout_s:.0f} s")
         return self.job.stats()
 
-    def pin_partition(self, infer: int, ft: int) -> dict:
-        """Run every step on (infer, ft) from the next one (a spatial worker only)."""
-        if self.controller is None or self.controller.mode != "spatial":
+    def pin_partition(self, partition: tuple[int, int] | None) -> dict:
+        """Run every step on partition (infer, ft) from the next one; None: the planner chooses again (a
+        spatial worker only; unpinning needs its profile)."""
+        controller = self.controller
+        if controller is None or controller.mode != "spatial":
             raise HarvestError("only a spatial worker has partitions to pin (--pin-partition or a co-run --profile)")
-        if infer + ft > self.controller.partitions.num_sms:
-            raise HarvestError(f"partition ({infer}, {ft}) needs more than the device's "
-                               f"{self.controller.partitions.num_sms}")
-        self.controller.pinned = (infer, ft)
-        return {"pinned": [infer, ft]}
+        if partition is None and controller.planner is None:
+            raise HarvestError("this worker has no --profile: nothing would choose the partition if unpinned")
+        if partition is not None and not controller.partitions.can_form(*partition):
+            raise HarvestError(f"partition {partition} is not one this device forms")
+        controller.pinned = partition
+        return {"pinned": None if partition is None else list(partition)}
 
     def stats_snapshot(self, window_steps: int | None = None) -> dict:
         snapshot = {"decode": self.stats.snapshot(window_steps)}

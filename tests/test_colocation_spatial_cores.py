@@ -164,3 +164,28 @@ def test_the_planner_picks_the_core_partition_per_step_and_decode_follows_it(tmp
     assert [s[0] for s in seen] == [(1, 1), (2, 0)] * 2
     assert [s[1] for s in seen] == [CORES[:1], CORES[:2]] * 2
     assert [s[2] for s in seen] == [True, False] * 2
+
+
+def test_the_admin_api_pins_and_unpins_a_spatial_workers_partition(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from harvest.admin.admin_app import create_admin_app
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.runtime import HarvestRuntime
+
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cpu", yaml_path="job.yaml"), tpot_slo_ms=40.0,
+                         pinned_partition=(1, 1))
+    runtime = HarvestRuntime(config)
+    runtime.controller = SpatialController(RecordingJob(), None, SloTracker(40.0, 10), CorePartitions([(1, 1)], [0, 1]),
+                                           "test", pinned=(1, 1))
+    client = TestClient(create_admin_app(runtime))
+    try:
+        assert client.post("/harvest/partition?infer=2&ft=0").json() == {"pinned": [2, 0]}
+        assert runtime.controller.pinned == (2, 0)
+        refused = client.post("/harvest/partition?infer=2&ft=1")
+        assert refused.status_code == 409 and "not one this device forms" in refused.json()["detail"]
+        unpin = client.post("/harvest/partition")
+        assert unpin.status_code == 409 and "no --profile" in unpin.json()["detail"]
+    finally:
+        runtime.controller.close()

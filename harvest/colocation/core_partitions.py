@@ -33,6 +33,9 @@ class CorePartitions:
     def pairs(self) -> list[tuple[int, int]]:
         return list(self._pairs)
 
+    def can_form(self, infer_cores: int, ft_cores: int) -> bool:
+        return infer_cores >= 1 and ft_cores >= 0 and infer_cores + ft_cores <= self.num_sms
+
     def decode_cores(self, infer_cores: int) -> list[int]:
         return self.cores[:infer_cores]
 

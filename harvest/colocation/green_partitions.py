@@ -100,6 +100,9 @@ class GreenPartitions:
 
     # The partition interface SpatialController uses (CorePartitions is the CPU form): a context per thread.
 
+    def can_form(self, infer_sms: int, ft_sms: int) -> bool:
+        return (infer_sms, ft_sms) in self._runs
+
     def decode_context(self, infer_sms: int, ft_sms: int):
         import torch
 
