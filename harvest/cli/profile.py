@@ -1,7 +1,8 @@
 """`harvest profile`: measure decode steps of a real worker, fit the two-stage latency profile, write it.
 
-CPU hosts only (harvest/profiler/live_profile.py). SM-partitioned co-run profiling on a GPU is not built
-yet: measure samples there and fit them with `harvest predictor fit --samples S.csv --device h100`.
+CPU hosts only (harvest/profiler/live_profile.py); `--co-run` profiles the host's core partitions too.
+SM-partitioned co-run profiling on a GPU is not built yet: measure samples there and fit them with
+`harvest predictor fit --samples S.csv --device h100`.
 """
 
 import argparse

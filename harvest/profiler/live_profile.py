@@ -1,9 +1,11 @@
 """A live decode-latency profile: start a real worker, visit every sample point in shuffled passes, fit and
 write the two-stage profile (and, with a finetune YAML, the job's solo throughput measured afterwards).
 
-Live profiling covers CPU hosts. A CPU is one partition (the finetune job runs between decode steps), so
-the profile is solo-only plus the finetune job's solo throughput, measured after the worker has stopped
-so the two never share the cores. Why visits are shuffled, re-queued when disturbed and reduced by
+Live profiling covers CPU hosts. Without --co-run a CPU is one partition (the finetune job runs between
+decode steps), so the profile is solo-only plus the finetune job's solo throughput, measured after the
+worker has stopped so the two never share the cores. With --co-run the worker is spatial and pinned per
+visit (DecodeProfiler): solo on every core count with the job paused, and co-run with the job training
+on the other cores, whose co-run finetune rate the worker measures (SpatialController stats). Why visits are shuffled, re-queued when disturbed and reduced by
 their minimum: eval/README.md, "Live profiling on a shared host".
 """
 
