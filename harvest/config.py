@@ -44,6 +44,8 @@ class ServeConfig:
     """Lend free KV-cache chunks to the finetune job's weight window (`--no-kv-lending` turns it off)."""
     kv_block_kib: int = 2048
     """Mapping granularity of the KV pool (`--kv-block-kib`): 2 MiB on CUDA; host pages allow smaller."""
+    pinned_partition: tuple[int, int] | None = None
+    """Spatial co-location on this one (infer, ft) partition every step, no planner (`--pin-partition`)."""
 
     def __post_init__(self):
         if self.stats_window_steps < 1:
@@ -54,6 +56,12 @@ class ServeConfig:
             raise HarvestError(f"--tpot-slo-ms must be > 0, got {self.tpot_slo_ms}")
         if self.profile_path is not None and self.tpot_slo_ms is None:
             raise HarvestError("--profile needs --tpot-slo-ms")
+        if self.pinned_partition is not None:
+            if self.finetune is None:
+                raise HarvestError("--pin-partition needs --finetune: it says where the finetune job co-runs")
+            infer, ft = self.pinned_partition
+            if infer < 1 or ft < 0:
+                raise HarvestError(f"--pin-partition needs INFER >= 1 and FT >= 0, got {infer},{ft}")
         if self.kv_block_kib < 4 or self.kv_block_kib & (self.kv_block_kib - 1):
             raise HarvestError(f"--kv-block-kib must be a power of two >= 4 (host pages), got {self.kv_block_kib}")
 

@@ -5,6 +5,7 @@ Lives in SGLang's scheduler process; `harvest.sglang.hooks` calls it, with SGLan
 reduced to a `DecodeStep`, so nothing here depends on SGLang.
 """
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -40,9 +41,9 @@ class HarvestRuntime:
 
     @property
     def wants_kv_lending(self) -> bool:
-        """Lend free KV memory to the job: only with temporal co-location, where units run in the scheduler
-        thread, the one thread that may touch KV slots (spatial units run in a thread of their own)."""
-        return self.config.finetune is not None and self.config.kv_lending and not self.is_spatial
+        """Lend free KV memory to the job, in either mode: the lender runs in the scheduler thread while it
+        owns the job (spatial_controller.py: the unit thread hands it back after every step)."""
+        return self.config.finetune is not None and self.config.kv_lending
 
     def attach_kv_pool(self, allocator) -> None:
         """SGLang's KV pool was built over the unified allocator (harvest.sglang.hooks): lend from it."""
@@ -54,17 +55,19 @@ class HarvestRuntime:
     def refuse_kv_lending(self, reason: str) -> None:
         self.kv_lending_note = f"off ({reason})"
 
-    def green_partitions(self, device_index: int):
-        """Spatial mode: the SM partitions of the worker's device (built once, with the green contexts of every
-        partition the planner may pick); None in temporal mode."""
+    def spatial_partitions(self, device_index: int):
+        """Spatial mode: the worker's partitions, built once: SM partitions on green contexts (with the contexts
+        of every co-run partition the planner may pick) on a GPU, core sets on a CPU host; None in temporal mode."""
         if not self.is_spatial:
             return None
         if self.partitions is None:
-            from harvest.colocation.green_partitions import GreenPartitions
-
-            self.partitions = GreenPartitions(device_index, list(self.profile.partitions))
-            self.partitions.prepare(self.co_run_pairs)
+            self.partitions = _spatial_partitions(self.config, self.profile, device_index)
         return self.partitions
+
+    def green_partitions(self, device_index: int):
+        """The SM partitions of a spatial worker on a GPU (None on a CPU host or in temporal mode)."""
+        partitions = self.spatial_partitions(device_index)
+        return partitions if partitions is not None and self.config.finetune.device.startswith("cuda") else None
 
     @property
     def co_run_pairs(self) -> list[tuple[int, int]]:
@@ -75,7 +78,7 @@ class HarvestRuntime:
         """The scheduler is built: build the controller, start the finetune job's construction and the admin API.
         device_index: the worker's CUDA device (SGLang's gpu_id)."""
         if self.config.finetune is not None:
-            partitions = self.green_partitions(device_index)
+            partitions = self.spatial_partitions(device_index)
             self.controller = _build_controller(self.config, self.profile, partitions, self.lender, device_index)
             self.job.publisher = self.publisher
             self.job.start()
@@ -95,6 +98,11 @@ class HarvestRuntime:
     def decode_stream(self):
         """The stream the next decode step launches on: its SM partition's; None for SGLang's own streams."""
         return None if self.controller is None else self.controller.decode_stream
+
+    def decode_stream_context(self):
+        """Where the scheduler thread runs the next decode step: its partition's cores on a CPU host (on a GPU
+        the step moves by its stream instead, decode_stream)."""
+        return contextlib.nullcontext() if self.controller is None else self.controller.decode_stream_context()
 
     # ---- scheduler thread, once per decode step ----
 
@@ -144,6 +152,19 @@ class HarvestRuntime:
                 raise HarvestError(f"the finetune job did not checkpoint within {timeout_s:.0f} s")
         return self.job.stats()
 
+    def pin_partition(self, partition: tuple[int, int] | None) -> dict:
+        """Run every step on partition (infer, ft) from the next one; None: the planner chooses again (a
+        spatial worker only; unpinning needs its profile)."""
+        controller = self.controller
+        if controller is None or controller.mode != "spatial":
+            raise HarvestError("only a spatial worker has partitions to pin (--pin-partition or a co-run --profile)")
+        if partition is None and controller.planner is None:
+            raise HarvestError("this worker has no --profile: nothing would choose the partition if unpinned")
+        if partition is not None and not controller.partitions.can_form(*partition):
+            raise HarvestError(f"partition {partition} is not one this device forms")
+        controller.pinned = partition
+        return {"pinned": None if partition is None else list(partition)}
+
     def stats_snapshot(self, window_steps: int | None = None) -> dict:
         snapshot = {"decode": self.stats.snapshot(window_steps)}
         if self.controller is not None:
@@ -175,8 +196,21 @@ def _load_profile(config: ServeConfig):
 
 
 def _is_spatial(config: ServeConfig, profile) -> bool:
-    """Spatial co-location where the profile has co-run partitions and the device is a GPU; else temporal."""
-    return profile is not None and config.finetune.device.startswith("cuda") and profile.latency_model.has_colo
+    """Spatial co-location where the profile has co-run partitions (SMs of a GPU, or cores of a CPU host) or
+    --pin-partition names one; else temporal."""
+    if config.finetune is None:
+        return False
+    if config.pinned_partition is not None:
+        return True
+    if profile is None or not profile.latency_model.has_colo:
+        return False
+    # A profile's units are the device's: a GPU's SMs, or the cores of the CPU host it was measured on.
+    return config.finetune.device.startswith("cuda") or is_core_profile(profile)
+
+
+def is_core_profile(profile) -> bool:
+    """Measured on a CPU host (`harvest profile --co-run`): its partitions are core sets."""
+    return profile.device_name.startswith("CPU")
 
 
 def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0):
@@ -199,15 +233,33 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
         finetune_config = dataclasses.replace(finetune_config, max_unit_ms=max_unit_ms)
     job = FinetuneJob(finetune_config, weight_memory=None if lender is None else lender.weight_memory)
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
-    if profile is None:
+    if profile is None and partitions is None:
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
                                   "minus its measured time", lender)
     from predictor import SplitPlanner
 
-    planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=None if partitions is None else partitions.pairs)
-    source = f"profile {config.profile_path} ({profile.device_name}), online correction on"
+    planner = None if profile is None else SplitPlanner(profile, config.tpot_slo_ms,
+                                                        pairs=None if partitions is None else partitions.pairs)
+    source = ("none: --pin-partition" if profile is None
+              else f"profile {config.profile_path} ({profile.device_name}), online correction on")
     if partitions is not None:
         from harvest.colocation.spatial_controller import SpatialController
 
-        return SpatialController(job, planner, slo, partitions, source)
+        return SpatialController(job, planner, slo, partitions, source, lender, config.pinned_partition)
     return TemporalController(job, planner, slo, source, lender)
+
+
+def _spatial_partitions(config: ServeConfig, profile, device_index: int):
+    """SMs on green contexts on the worker's GPU; core sets on a CPU host."""
+    pairs = list(profile.partitions) if profile is not None else []
+    if config.pinned_partition is not None and config.pinned_partition not in pairs:
+        pairs.append(config.pinned_partition)
+    if config.finetune.device.startswith("cuda"):
+        from harvest.colocation.green_partitions import GreenPartitions
+
+        partitions = GreenPartitions(device_index, pairs)
+        partitions.prepare([(i, f) for i, f in partitions.pairs if f > 0])
+        return partitions
+    from harvest.colocation.core_partitions import CorePartitions
+
+    return CorePartitions(pairs)

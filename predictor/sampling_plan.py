@@ -99,6 +99,11 @@ class SamplingPlan:
         unmeasured = [p for p in self.grid.pairs() if p not in fit_pairs]
         for pair in rng.sample(unmeasured, min(self.num_held_out_pairs, len(unmeasured))):
             points += self._held_out_shapes(rng, *pair, 2, [])
+        if fit_pairs and not unmeasured:
+            # Every pair is fitted (a few-core CPU host): held-out shapes inside them score stage 2 instead.
+            for pair in fit_pairs:
+                points += self._held_out_shapes(rng, *pair, self.num_held_out_per_partition,
+                                                [p for p in points if (p.infer_sms, p.ft_sms) == pair])
         return points
 
     @property

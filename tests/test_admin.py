@@ -76,18 +76,26 @@ def test_loopback_admin_needs_no_token():
         assert AdminConfig(host=host).token is None
 
 
+def test_a_pinned_partition_makes_a_cpu_worker_spatial_with_kv_lending():
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cpu", yaml_path="job.yaml"), tpot_slo_ms=100.0,
+                         pinned_partition=(1, 1))
+    runtime = HarvestRuntime(config)
+    assert runtime.is_spatial and runtime.wants_kv_lending
+
+
 @pytest.mark.parametrize(
     ("device", "profile", "is_spatial"),
     [
         ("cpu", "predictor/profiles/cpu-smollm2-135m.json", False),
-        ("cpu", "predictor/profiles/synthetic-h100-llama3-8b.json", False),  # co-run model, but no GPU
+        ("cpu", "predictor/profiles/synthetic-h100-llama3-8b.json", False),  # a GPU's co-run model on a CPU
         ("cuda", "predictor/profiles/cpu-smollm2-135m.json", False),  # a GPU, but no co-run model
         ("cuda", "predictor/profiles/synthetic-h100-llama3-8b.json", True),
     ],
 )
-def test_runtime_reads_its_profile_once_and_lends_kv_only_when_temporal(device, profile, is_spatial, monkeypatch):
-    """Spatial co-location needs a GPU and a co-run profile; its units run outside the scheduler thread,
-    so only temporal co-location lends KV memory. Profile.load is wrapped to count the reads."""
+def test_runtime_reads_its_profile_once_and_lends_kv_in_both_modes(device, profile, is_spatial, monkeypatch):
+    """Spatial co-location needs a co-run profile of the device (a GPU's SMs; a CPU host's cores); both modes
+    lend KV memory (the unit thread hands the job back between steps). Profile.load is wrapped to count
+    the reads."""
     from predictor import Profile
 
     reads = []
@@ -98,7 +106,7 @@ def test_runtime_reads_its_profile_once_and_lends_kv_only_when_temporal(device, 
                          profile_path=str(REPO / profile))
     runtime = HarvestRuntime(config)
     assert runtime.profile is not None and runtime.profile.device_name
-    assert runtime.is_spatial is is_spatial and runtime.wants_kv_lending is not is_spatial
+    assert runtime.is_spatial is is_spatial and runtime.wants_kv_lending
     assert reads == [str(REPO / profile)], "the profile is read once at start-up"
     assert HarvestRuntime(ServeConfig(admin=AdminConfig(), profile_path=str(REPO / profile),
                                       tpot_slo_ms=100.0)).profile is None, "no job: no planner, no profile read"

@@ -46,6 +46,8 @@ def test_port_in_use(harvest_cli, tiny_model_dir):
         (["--disaggregation-mode", "prefill"], ["decode worker"]),
         (["--admin-host", "0.0.0.0"], ["--admin-token"]),
         (["--kv-block-kib", "48"], ["--kv-block-kib", "48"]),
+        (["--pin-partition", "1"], ["--pin-partition", "INFER,FT", "'1'"]),
+        (["--pin-partition", "1,1"], ["--pin-partition needs --finetune"]),
         (["--tpot-slo-ms", "100", "--profile", "predictor/profiles/synthetic-h100-llama3-8b.json"],
          ["SYNTHETIC", "--allow-synthetic-profile"]),
     ],
@@ -59,3 +61,8 @@ def test_bad_serve_flags(harvest_cli, tiny_model_dir, args, fragments):
 def test_unknown_subcommand(harvest_cli):
     result = run_cli(harvest_cli, "frobnicate")
     assert_one_line_error(result, "frobnicate")
+
+
+def test_profile_co_run_needs_a_finetune_job(harvest_cli, tmp_path):
+    result = run_cli(harvest_cli, "profile", "--co-run", "--out", str(tmp_path / "p.json"))
+    assert_one_line_error(result, "--co-run needs --finetune")

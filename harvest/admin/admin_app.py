@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 ENDPOINTS = ["/healthz", "/harvest/stats", "/harvest/steps", "/metrics",
              "POST /harvest/finetune/pause", "POST /harvest/finetune/resume", "POST /harvest/finetune/stop",
-             "POST /harvest/finetune/publish"]
+             "POST /harvest/finetune/publish",
+             "POST /harvest/partition?infer=I&ft=F", "POST /harvest/partition (unpin)"]
 
 
 class AdminServer:
@@ -77,6 +78,15 @@ def create_admin_app(runtime) -> FastAPI:
             raise HTTPException(404, f"no finetune action {action!r}; actions: pause, resume, stop, publish")
         try:
             return runtime.finetune_action(action)
+        except HarvestError as e:
+            raise HTTPException(409, str(e)) from None
+
+    @app.post("/harvest/partition", dependencies=[Depends(require_token)])
+    def partition(infer: int | None = Query(None, ge=1), ft: int = Query(0, ge=0)):
+        """Pin a spatial worker's partition (what `harvest profile --co-run` measures on); no infer: unpin,
+        the planner chooses again."""
+        try:
+            return runtime.pin_partition(None if infer is None else (infer, ft))
         except HarvestError as e:
             raise HTTPException(409, str(e)) from None
 

@@ -1,7 +1,8 @@
 """`harvest profile`: measure decode steps of a real worker, fit the two-stage latency profile, write it.
 
-CPU hosts only (harvest/profiler/live_profile.py). SM-partitioned co-run profiling on a GPU is not built
-yet: measure samples there and fit them with `harvest predictor fit --samples S.csv --device h100`.
+CPU hosts only (harvest/profiler/live_profile.py); `--co-run` profiles the host's core partitions too.
+SM-partitioned co-run profiling on a GPU is not built yet: measure samples there and fit them with
+`harvest predictor fit --samples S.csv --device h100`.
 """
 
 import argparse
@@ -35,6 +36,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--statistic", choices=sorted(VISIT_STATISTICS), default="min",
                         help="which of a point's kept visits is its sample: min, the least disturbed (default), "
                         "or median")
+    parser.add_argument("--co-run", action="store_true",
+                        help="profile core partitions too (needs --finetune): decode pinned to some cores with the "
+                        "job co-running on the others; the profile then makes `harvest serve --profile` spatial")
     parser.add_argument("--port", type=int, default=30010)
     parser.add_argument("--admin-port", type=int, default=30110)
     parser.set_defaults(func=run)

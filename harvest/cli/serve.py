@@ -33,6 +33,10 @@ def add_parser(subparsers) -> None:
                             help="decode latency target per step; finetuning never takes time a step needs")
     colocation.add_argument("--profile", default=None,
                             help="latency profile JSON (harvest profile); without it the budget comes from measured steps")
+    colocation.add_argument("--pin-partition", metavar="INFER,FT", default=None,
+                            help="spatial co-location on this one partition every step, no planner: decode on INFER "
+                            "SMs (CPU: cores), finetune beside it on FT (profiling, benchmarks). A --profile with "
+                            "co-run partitions makes the worker spatial by itself, the planner choosing per step")
     colocation.add_argument("--allow-synthetic-profile", action="store_true",
                             help="run on a SYNTHETIC --profile (made-up numbers, e.g. the shipped H100 one); "
                             "refused without this flag")
@@ -73,9 +77,11 @@ def run(args: argparse.Namespace) -> int:
         profile_path=args.profile,
         kv_lending=not args.no_kv_lending,
         kv_block_kib=args.kv_block_kib,
+        pinned_partition=_partition_flag(args.pin_partition),
     )
     if config.profile_path is not None:
         _check_profile(config.profile_path, args.allow_synthetic_profile)
+    _check_core_partitions(config)
     # Ports first: the cheapest check, before SGLang is imported (SGLang's defaults: 127.0.0.1:30000).
     check_port_free(flag_value(args.passthrough, "--host") or "127.0.0.1",
                     port_flag(args.passthrough, "--port", 30000), "--port")
@@ -128,3 +134,37 @@ def _check_profile(path: str, allow_synthetic: bool) -> None:
                            "`harvest profile`, or pass --allow-synthetic-profile to plan with made-up numbers")
     print(f"harvest serve: warning: --profile {path} is SYNTHETIC ({profile.device_name}); the split "
           "planner's budget is made up, not measured", file=sys.stderr)
+
+
+def _partition_flag(value: str | None) -> tuple[int, int] | None:
+    from base.errors import HarvestError
+
+    if value is None:
+        return None
+    try:
+        infer, ft = (int(x) for x in value.split(","))
+    except ValueError:
+        raise HarvestError(f"--pin-partition must be INFER,FT (two whole numbers), got {value!r}") from None
+    return infer, ft
+
+
+def _check_core_partitions(config) -> None:
+    """On a CPU host a spatial worker's partitions are core sets: they must fit this host's cores."""
+    from base.cuda_driver import has_real_driver
+
+    if config.finetune is None or has_real_driver():
+        return
+    from harvest.colocation.core_partitions import CorePartitions
+    from predictor import Profile
+
+    pairs = []
+    if config.profile_path is not None:
+        from harvest.runtime import is_core_profile
+
+        profile = Profile.load(config.profile_path)
+        pairs = [p for p in profile.partitions if p[1] > 0] if is_core_profile(profile) else []
+        if pairs:
+            pairs.append((profile.num_sms, 0))
+    if config.pinned_partition is not None:
+        pairs.append(config.pinned_partition)
+    CorePartitions(pairs)

@@ -10,6 +10,7 @@ slice", says why each number is what it is). The step's record says what it was 
 arrived while an idle-time unit ran.
 """
 
+import contextlib
 import math
 import time
 from collections import deque
@@ -65,6 +66,10 @@ class Controller:
     def decode_stream(self):
         """The stream the step launches on (its partition's); None: SGLang's own streams, the whole device."""
         return None
+
+    def decode_stream_context(self):
+        """Where the scheduler thread runs the step (a CPU core partition's cores): here, where it is."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         pass

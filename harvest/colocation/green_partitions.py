@@ -10,6 +10,7 @@ may pick only `pairs`. A green context is created the first time one of its pair
 front with `prepare`, so a 136-pair grid does not create 136 contexts at start-up.
 """
 
+import contextlib
 import logging
 from itertools import accumulate
 
@@ -96,6 +97,29 @@ class GreenPartitions:
             return None, None
         decode_groups, finetune_groups = runs
         return self._stream_for(decode_groups), self._stream_for(finetune_groups) if ft_sms else None
+
+    # The partition interface SpatialController uses (CorePartitions is the CPU form): a context per thread.
+
+    def can_form(self, infer_sms: int, ft_sms: int) -> bool:
+        return (infer_sms, ft_sms) in self._runs
+
+    def decode_context(self, infer_sms: int, ft_sms: int):
+        """Nothing for the scheduler thread itself: decode moves by its stream (decode_stream), which
+        harvest/sglang/step_streams.py switches to with the hand-offs SGLang's streams need."""
+        return contextlib.nullcontext()
+
+    def decode_stream(self, infer_sms: int, ft_sms: int):
+        return self.streams(infer_sms, ft_sms)[0]
+
+    def finetune_context(self, infer_sms: int, ft_sms: int):
+        import torch
+
+        return torch.cuda.stream(self.streams(infer_sms, ft_sms)[1])
+
+    def whole_device_context(self):
+        import torch
+
+        return torch.cuda.stream(torch.cuda.default_stream(self._torch_device))
 
     def _stream_for(self, group_ids: range):
         key = (group_ids.start, group_ids.stop)

@@ -33,11 +33,15 @@ NUM_ATTEMPTS = 3  # a busy host can stagger the joins past the spare steps; the 
 
 
 class DecodeProfiler:
-    def __init__(self, url: str, admin_url: str, grid: PartitionGrid, num_repeats: int):
+    def __init__(self, url: str, admin_url: str, grid: PartitionGrid, num_repeats: int, can_pin: bool = False):
+        """`can_pin`: the worker is spatial (`--pin-partition`): every partition is measured by pinning it,
+        with the finetune job resumed for co-run points and paused for solo ones."""
         self.url = url
         self.admin_url = admin_url
         self.grid = grid
         self.num_repeats = num_repeats
+        self.can_pin = can_pin
+        self._pinned = None
         self.latency_to_interval: list[float] = []
         """Per measured point: median step latency / median interval between step ends (1 = one-step records)."""
         self._next_room = 1_000_000
@@ -51,7 +55,9 @@ class DecodeProfiler:
                     raise HarvestError(str(e)) from None
 
     def _measure_once(self, point: SamplePoint) -> Sample:
-        if (point.infer_sms, point.ft_sms) != (self.grid.num_sms, 0):
+        if self.can_pin:
+            self._pin(point.infer_sms, point.ft_sms)
+        elif (point.infer_sms, point.ft_sms) != (self.grid.num_sms, 0):
             raise HarvestError(
                 f"partition ({point.infer_sms}, {point.ft_sms}) cannot be forced through this worker; "
                 "only the whole-device solo partition is profiled live"
@@ -80,6 +86,16 @@ class DecodeProfiler:
             seq_len=statistics.fmean(s["kv_tokens"] / s["batch_size"] for s in timed),
             latency_ms=latency_ms,
         )
+
+    def _pin(self, infer_sms: int, ft_sms: int) -> None:
+        if self._pinned == (infer_sms, ft_sms):
+            return
+        for path in (f"/harvest/partition?infer={infer_sms}&ft={ft_sms}",
+                     "/harvest/finetune/resume" if ft_sms else "/harvest/finetune/pause"):
+            response = httpx.post(self.admin_url + path, timeout=30)
+            if response.status_code != 200:
+                raise HarvestError(f"the worker refused {path}: {response.text}")
+        self._pinned = (infer_sms, ft_sms)
 
     async def _send_batch(self, batch_size: int, prompt_len: int, num_new_tokens: int) -> None:
         async with httpx.AsyncClient(timeout=600) as client:

@@ -1,9 +1,11 @@
 """A live decode-latency profile: start a real worker, visit every sample point in shuffled passes, fit and
 write the two-stage profile (and, with a finetune YAML, the job's solo throughput measured afterwards).
 
-Live profiling covers CPU hosts. A CPU is one partition (the finetune job runs between decode steps), so
-the profile is solo-only plus the finetune job's solo throughput, measured after the worker has stopped
-so the two never share the cores. Why visits are shuffled, re-queued when disturbed and reduced by
+Live profiling covers CPU hosts. Without --co-run a CPU is one partition (the finetune job runs between
+decode steps), so the profile is solo-only plus the finetune job's solo throughput, measured after the
+worker has stopped so the two never share the cores. With --co-run the worker is spatial and pinned per
+visit (DecodeProfiler): solo on every core count with the job paused, and co-run with the job training
+on the other cores, whose co-run finetune rate the worker measures (SpatialController stats). Why visits are shuffled, re-queued when disturbed and reduced by
 their minimum: eval/README.md, "Live profiling on a shared host".
 """
 
@@ -39,6 +41,8 @@ class LiveProfileConfig:
     statistic: str = "min"
     port: int = 30010
     admin_port: int = 30110
+    co_run: bool = False
+    """Profile core partitions too: decode on some cores with the finetune job co-running on the others."""
 
 
 def median_visit(visits):
@@ -95,10 +99,16 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
         raise HarvestError("live profiling covers CPU hosts; on a GPU fit measured samples with `harvest predictor fit`")
     if config.finetune is not None and not Path(config.finetune).is_file():
         raise HarvestError(f"--finetune {config.finetune!r}: no such file")
+    num_cores = len(os.sched_getaffinity(0))
+    if config.co_run and config.finetune is None:
+        raise HarvestError("--co-run needs --finetune: the job that co-runs beside decode")
+    if config.co_run and num_cores < 2:
+        raise HarvestError(f"--co-run needs at least 2 cores to partition; this process may use {num_cores}")
     out = Path(config.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model_path(config.model_path)
-    grid = PartitionGrid.from_name("cpu")
+    # A co-run profile's "SMs" are cores (harvest/colocation/core_partitions.py).
+    grid = PartitionGrid(num_cores, 1) if config.co_run else PartitionGrid.from_name("cpu")
     max_kv_tokens = config.max_batch_size * (config.max_seq_len + 64)
     plan = SamplingPlan(grid, config.max_batch_size, config.max_seq_len, max_kv_tokens=max_kv_tokens,
                         num_repeats=config.repeats, num_seq_levels=config.seq_levels,
@@ -109,7 +119,7 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
          # PD decode reserves room to grow each running request (num_reserved_decode_tokens, 512) on top.
          "--max-total-tokens", str(max_kv_tokens + 512 * config.max_batch_size + 1024),
          # The overlap scheduler's step records span two forwards on a CPU (decode_profiler.py).
-         "--disable-overlap-schedule"],
+         "--disable-overlap-schedule", *_co_run_flags(config, num_cores)],
         config.port, config.admin_port, log_dir / "worker.log",
     )
     started = time.perf_counter()
@@ -117,8 +127,14 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
         worker.start()
     startup_s = time.perf_counter() - started
     fit, held_out = [], []
+    co_run_rates = {}
     try:
-        profiler = DecodeProfiler(worker.url, worker.admin_url, grid, config.repeats)
+        profiler = DecodeProfiler(worker.url, worker.admin_url, grid, config.repeats, can_pin=config.co_run)
+        if config.co_run:
+            from harvest.worker.client import read_stats
+
+            with console.status("waiting for the finetune job to build ..."):
+                _wait_for_job(worker.admin_url)
         points = plan.points()
         # Shuffled passes spread drift over fit and held-out points alike; a visit during which other
         # processes took CPU (ForeignLoad) is queued again for later. The largest shape runs first,
@@ -154,14 +170,22 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
         pick = VISIT_STATISTICS[config.statistic]
         for point in points:
             (held_out if point.is_held_out else fit).append(pick(measured[point]))
+        if config.co_run:
+            co_run_rates = {int(k.split(",")[1]): v for k, v in
+                            read_stats(worker.admin_url)["colocation"]["co_run"].items() if v["tokens_per_s"]}
     finally:
         worker.stop()
     finetune = None
+    throughput = ()
     if config.finetune:
         from harvest.profiler.finetune_profiler import FinetuneProfiler
 
         with console.status(f"measuring the finetune job alone ({config.finetune}) ..."):
-            finetune = FinetuneProfiler(config.finetune, config.finetune_steps, config.finetune_max_unit_ms).measure()
+            finetune = FinetuneProfiler(config.finetune, config.finetune_steps, config.finetune_max_unit_ms).measure(
+                grid.num_sms)
+        throughput = (finetune.throughput,)
+        if config.co_run:
+            throughput = _co_run_throughput(config, grid, co_run_rates, console) + throughput
     samples_path = out.with_suffix(".samples.csv")
     held_out_path = out.with_suffix(".held_out.csv")
     write_samples(samples_path, fit)
@@ -175,7 +199,7 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
                             model=EMBEDDED_MODEL_PLACEHOLDER if is_embedded else recorded_path(model_path),
                             finetune_config_id=recorded_path(config.finetune) if config.finetune else "none",
                             samples_path=recorded_path(samples_path), held_out=held_out,
-                            finetune_throughput=(finetune.throughput,) if finetune else ())
+                            finetune_throughput=throughput)
     profile.save(out)
     ratios = profiler.latency_to_interval
     summary = {
@@ -196,6 +220,54 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
         "step_latency_over_interval_p50": round(statistics.median(ratios), 3) if ratios else None,
         "plateau_batch_size": profile.latency_model.solo.plateau_batch_size,
         "fit_metrics": profile.to_dict()["fit_metrics"],
-        "finetune_throughput": finetune.throughput.to_dict() if finetune else None,
+        "finetune_throughput": [t.to_dict() for t in throughput] or None,
     }
     return summary
+
+
+CO_RUN_UNIT_MS = 20.0
+"""Unit bound of a co-run profile when --finetune-max-unit-ms is not given: the co-run rate depends on it."""
+
+
+def _co_run_flags(config: LiveProfileConfig, num_cores: int) -> list[str]:
+    """A spatial worker pinned per visit (DecodeProfiler._pin); a 1 ms target leaves no temporal slice,
+    so only co-run units run beside the measured steps; no KV lending, so the pool is the solo one's."""
+    if not config.co_run:
+        return []
+    unit_ms = config.finetune_max_unit_ms or CO_RUN_UNIT_MS
+    return ["--finetune", str(config.finetune), "--tpot-slo-ms", "1", "--pin-partition", f"{num_cores},0",
+            "--no-kv-lending", "--finetune-max-unit-ms", str(unit_ms)]
+
+
+def _wait_for_job(admin_url: str, timeout_s: float = 600.0) -> None:
+    from base.errors import HarvestError
+    from harvest.worker.client import read_stats
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = read_stats(admin_url)["finetune"]["state"]
+        if state in ("running", "waiting", "starved", "paused"):
+            return
+        if state in ("failed", "finished", "stopped"):
+            raise HarvestError(f"the finetune job {state} before co-run profiling: see the worker log")
+        time.sleep(1.0)
+    raise HarvestError(f"the finetune job was not built within {timeout_s:.0f} s")
+
+
+def _co_run_throughput(config: LiveProfileConfig, grid, co_run_rates: dict, console) -> tuple:
+    """Per finetune core count: its solo rate (the job alone, pinned to those cores) and the co-run rate the
+    worker measured beside decode."""
+    from harvest.colocation.core_partitions import CorePartitions
+    from harvest.profiler.finetune_profiler import FinetuneProfiler
+    from predictor.finetune_throughput import FinetuneThroughput
+
+    partitions = CorePartitions([])
+    rows = []
+    for ft_cores, co_run in sorted(co_run_rates.items()):
+        with console.status(f"measuring the finetune job alone on {ft_cores} cores ..."), \
+                partitions.finetune_context(grid.num_sms - ft_cores, ft_cores):
+            solo = FinetuneProfiler(config.finetune, config.finetune_steps,
+                                    config.finetune_max_unit_ms or CO_RUN_UNIT_MS).measure(ft_cores).throughput
+        rows.append(FinetuneThroughput(ft_cores, solo.tokens_per_s_solo, co_run["tokens_per_s"], solo.unit_ms,
+                                       solo.samples_per_s_solo))
+    return tuple(rows)

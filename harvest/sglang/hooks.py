@@ -145,8 +145,9 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         # seq_lens_cpu: [batch_size] int64; run_batch numbers the batch (forward_iter) on entry.
         step = DecodeStep(-1, batch.batch_size(), int(batch.seq_lens_cpu.sum()), time.perf_counter())
         runtime.step_launching(step)
-        result = step_streams(scheduler).run(lambda: run_batch(scheduler, batch, *args, **kwargs),
-                                             runtime.decode_stream, batch)
+        with runtime.decode_stream_context():
+            result = step_streams(scheduler).run(lambda: run_batch(scheduler, batch, *args, **kwargs),
+                                                 runtime.decode_stream, batch)
         step.forward_iter = batch.forward_iter
         runtime.step_launched(step)
         return result
