@@ -36,9 +36,12 @@ from harvest.worker.client import read_stats
 from harvest.worker.process import WorkerProcess, free_ports
 
 DEMO_JOB = Path(__file__).resolve().parents[1] / "finetune" / "demo" / "demo.yaml"
+CORE_PROFILE = Path(__file__).resolve().parents[2] / "predictor" / "profiles" / "cpu-cores-smollm2-135m.json"
 HARVEST_MODES = {
     # co-location mode: the `harvest serve` flags that select it (a new mode is one line here)
     "temporal": (),
+    # the shipped co-run profile of this 2-core host's core partitions: the planner picks (2, 0) or (1, 1) per step
+    "spatial": ("--profile", str(CORE_PROFILE)),
 }
 ROWS = {  # row id (--rows, JSON): what the table calls it; in run order (reversed on odd repeats)
     "decode-alone": "decode alone",
