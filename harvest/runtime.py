@@ -223,23 +223,21 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
     finetune_config = config.finetune
     if finetune_config.device == "cuda":
         finetune_config = dataclasses.replace(finetune_config, device=f"cuda:{device_index}")
+    planner = None
+    if profile is not None:
+        from predictor import SplitPlanner
+
+        planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=None if partitions is None else partitions.pairs)
     if finetune_config.max_unit_ms is None:
         # With a profile, a unit no longer than the shortest decode step: a pause (or a batch arriving while
         # the device is idle and finetuning) takes effect within one step.
-        from predictor import SplitPlanner
-
-        max_unit_ms = (config.tpot_slo_ms / 4 if profile is None
-                       else SplitPlanner(profile, config.tpot_slo_ms).shortest_step_ms)
+        max_unit_ms = config.tpot_slo_ms / 4 if planner is None else planner.shortest_step_ms
         finetune_config = dataclasses.replace(finetune_config, max_unit_ms=max_unit_ms)
     job = FinetuneJob(finetune_config, weight_memory=None if lender is None else lender.weight_memory)
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
-    if profile is None and partitions is None:
+    if planner is None and partitions is None:
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
                                   "minus its measured time", lender)
-    from predictor import SplitPlanner
-
-    planner = None if profile is None else SplitPlanner(profile, config.tpot_slo_ms,
-                                                        pairs=None if partitions is None else partitions.pairs)
     source = ("none: --pin-partition" if profile is None
               else f"profile {config.profile_path} ({profile.device_name}), online correction on")
     if partitions is not None:
