@@ -88,3 +88,23 @@ def test_sizer_follows_the_slowest_unit_kind():
     sizer.observe("backward", 100, 5.0)
     assert sizer.slowest_ms_per_token() == pytest.approx(0.05)
     assert sizer.rows_per_slice(64, 10) == 20
+
+
+@given(st.integers(1, 16), st.integers(1, 2048), st.floats(0.01, 1e3), st.floats(1e-5, 10.0))
+def test_head_spans_tile_the_sequence_and_fit_the_budget(num_rows, seq_len, max_unit_ms, ms_per_token):
+    sizer = UnitSizer(max_unit_ms=max_unit_ms, smoothing=1.0)
+    assert sizer.head_spans(num_rows, seq_len) == [(0, seq_len)]  # nothing measured: one head unit
+    sizer.observe("head", 100, ms_per_token * 100)
+    spans = sizer.head_spans(num_rows, seq_len)
+    assert spans[0][0] == 0 and spans[-1][1] == seq_len
+    assert all(end > start for start, end in spans) and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    if len(spans) < seq_len:  # one position per span is as small as a head unit gets
+        assert max(end - start for start, end in spans) * num_rows * ms_per_token <= max_unit_ms * (1 + 1e-9)
+
+
+def test_rows_are_sized_by_the_slowest_kind_but_the_head():
+    sizer = UnitSizer(max_unit_ms=10.0, smoothing=1.0)
+    sizer.observe("backward", 100, 5.0)
+    sizer.observe("head", 100, 50.0)
+    assert sizer.rows_per_slice(64, 10) == 20  # the head, 10x slower, is cut along the sequence instead
+    assert len(sizer.head_spans(20, 10)) == 10

@@ -54,11 +54,17 @@ def test_a_tight_unit_budget_splits_micro_batches_without_changing_the_result(jo
     while not reference.is_finished:
         reference.run_step()
     split = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(max_unit_ms=1e-6))
-    slice_ids = set()
+    slice_ids, heads_per_step = set(), [0]
     while not split.is_finished:
-        slice_ids.add(split.run_next_unit().slice_id)
+        result = split.run_next_unit()
+        slice_ids.add(result.slice_id)
+        heads_per_step[-1] += result.kind == "head"
+        if result.is_step_end:
+            heads_per_step.append(0)
     batch_size = split.llamafactory.training_args.per_device_train_batch_size
     assert slice_ids == set(range(batch_size))  # after step 1 measured the cost, every row is its own unit
+    # ... and every row's head is cut into one unit per position (the loss is a sum over positions)
+    assert heads_per_step[0] == 1 and all(n > 2 * batch_size for n in heads_per_step[1:-1])
     expected = lora_state_dict(reference)
     for key, weight in lora_state_dict(split).items():
         torch.testing.assert_close(weight, expected[key], rtol=1e-5, atol=1e-7)

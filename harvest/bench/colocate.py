@@ -9,7 +9,8 @@ worker, `harvest serve` with its defaults (the embedded model, SGLang's CPU flag
   the second half, OMP_NUM_THREADS = half the cores for each: the static split a user would pick.
 
 Steps within target come from the worker's own step records for every row (the worker without a job
-records its steps too); TPOT is per request, client side. Finetune tokens are non-padding tokens: the
+records its steps too), a step counting what its requests waited for: decode, the finetune slice after it
+and an idle-time unit it waited for; TPOT is per request, client side. Finetune tokens are non-padding tokens: the
 job's count (admin stats) for harvest, LlamaFactory's `total_tokens` (trainer_process.py) for the trainer,
 both over the replay's own wall time. The job and the trainer are past `--warmup-steps` optimizer steps
 when a replay starts. Rows alternate order between repeats (reversed on odd repeats). Why the numbers are
@@ -209,6 +210,8 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
             finetune_tokens = trainer.tokens_between(replay_start_wall_s, replay_start_wall_s + replay_s)
             counted_by = "llamafactory trainer_log.jsonl total_tokens (non_padding), interpolated per step"
         else:
+            # the worker's whole stats after the replay (controller, unit times, predictor), for a closer look
+            (run_dir / "worker_stats.json").write_text(json.dumps(read_stats(worker.admin_url), indent=1))
             before, after = (results["policies"]["live"]["finetune"][k] or {} for k in ("before", "after"))
             finetune_tokens = after["tokens"] - before["tokens"] if "tokens" in after else None
             counted_by = "harvest job stats: tokens (non-padding)" if finetune_tokens is not None else None
@@ -219,6 +222,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
     return {
         "steps_within_target": decode["step_slo_attainment"],
         "num_steps": decode["num_steps"],
+        "num_steps_over_target_by_decode_alone": decode["num_steps_over_target_by_decode_alone"],
         "step_ms_p50": decode["step_latency_ms_p50"],
         "step_ms_p99": decode["step_latency_ms_p99"],
         "tpot_ms_p50": decode["tpot_ms_p50"],

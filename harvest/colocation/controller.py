@@ -22,7 +22,12 @@ from harvest.step_stats import DecodeStep
 RECENT_UNITS_PER_KIND = 32
 UNIT_QUANTILE_Z = 3.09
 """A unit is admitted if this high a quantile of its kind's recent times fits (the normal 99.9th percentile
-of log unit time): chunk lengths and the host make unit times spread, and an overrun breaks the step."""
+of log unit time, its spread taken from the median absolute deviation): chunk lengths and the host make unit
+times spread, and an overrun breaks the step."""
+UNIT_TIME_MAX_AGE_S = 60.0
+"""Unit times older than this no longer count: a kind whose estimate is too long for any slice is never run
+in one, so nothing would ever replace the times that made it too long (one-off warm-up and host stalls)."""
+MAD_TO_STD = 1.4826
 BACKOFF_LATENCY_FRACTION = 0.7
 FILL_RECOVERY_PER_STEP = 0.02
 LOOP_OVERHEAD_MS = 2.0
@@ -44,8 +49,8 @@ class Controller:
         self.planner_source = planner_source
         self.lender = lender
         self.clock = clock
-        self._recent_unit_ms: dict[str, deque[float]] = {}
-        self._unit_estimates: dict[str, float] = {}
+        self._recent_unit_ms: dict[str, deque[tuple[float, float]]] = {}   # kind -> (clock s, ms)
+        self._unit_estimates: dict[str, tuple[float, float]] = {}          # kind -> (ms, valid until)
         self._decision = None
         self._idle_unit_ms = 0.0
         self._charged_wait_ms = 0.0
@@ -165,12 +170,24 @@ class Controller:
             "units_idle": self.num_units_idle,
             "finetune_ms_in_slack": round(self.finetune_ms_in_slack, 1),
             "reaction": self.reaction_stats(),
+            "unit_ms": self.unit_time_stats(),
             "slo": self.slo.snapshot(),
         }
 
+    def unit_time_stats(self) -> dict:
+        """Per unit kind, its recent times and what the slice admits it at (None: not admitted in a slice)."""
+        out = {}
+        for kind, recent in list(self._recent_unit_ms.items()):
+            ordered = sorted(ms for _, ms in list(recent))
+            estimate = self._estimate_ms(kind)
+            out[kind] = {"n": len(ordered), "p50": round(ordered[len(ordered) // 2], 3),
+                         "max": round(ordered[-1], 3),
+                         "admit_ms": None if math.isinf(estimate) else round(estimate, 3)}
+        return out
+
     def reaction_stats(self) -> dict:
         """How soon decode gets the device back: a batch arriving during an idle-time unit waits for it."""
-        longest = max((max(r) for r in self._recent_unit_ms.values()), default=None)
+        longest = max((ms for r in self._recent_unit_ms.values() for _, ms in r), default=None)
         shortest_step = None if self.planner is None else self.planner.shortest_step_ms
         return {
             "longest_recent_unit_ms": None if longest is None else round(longest, 3),
@@ -210,23 +227,39 @@ class Controller:
         result = self.job.run_unit()
         if result is not None and result.duration_ms > 0:
             recent = self._recent_unit_ms.setdefault(result.kind, deque(maxlen=RECENT_UNITS_PER_KIND))
-            recent.append(result.duration_ms)
+            recent.append((self.clock(), result.duration_ms))
             self._unit_estimates.pop(result.kind, None)
         return result
 
     def _next_unit_estimate_ms(self) -> float:
-        """A high quantile of the next unit's kind's recent times, at least the longest of them. A kind timed
-        fewer than 2 times is estimated at twice the job's unit bound (its first units are cut to the bound
-        before any is timed, so they may overrun it), or admitted in idle loops only if it has none."""
-        kind = self.job.next_unit_kind()
-        estimate = self._unit_estimates.get(kind)
-        if estimate is None:
-            recent = self._recent_unit_ms.get(kind)
-            if not recent or len(recent) < 2:
-                bound = self.job.max_unit_ms
-                return float("inf") if bound is None else 2.0 * bound
-            logs = [math.log(ms) for ms in recent]
-            mean = sum(logs) / len(logs)
-            std = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-            estimate = self._unit_estimates[kind] = max(max(recent), math.exp(mean + UNIT_QUANTILE_Z * std))
+        """What the next unit is admitted at: see _estimate_ms."""
+        return self._estimate_ms(self.job.next_unit_kind())
+
+    def _estimate_ms(self, kind: str) -> float:
+        """A high quantile of the kind's unit times of the last UNIT_TIME_MAX_AGE_S, from their median and
+        median absolute deviation (one stall does not set it), and at least the second longest of them (the
+        longest when fewer than 3). A kind with fewer than 2 such times is estimated at twice the job's unit
+        bound (units are cut to the bound, but the first ones before any is timed, so they may overrun it),
+        or admitted in idle loops only if it has none."""
+        now = self.clock()
+        cached = self._unit_estimates.get(kind)
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        recent = [(t, ms) for t, ms in self._recent_unit_ms.get(kind, ()) if now - t <= UNIT_TIME_MAX_AGE_S]
+        if len(recent) < 2:
+            bound = self.job.max_unit_ms
+            return float("inf") if bound is None else 2.0 * bound
+        ordered = sorted(ms for _, ms in recent)
+        logs = [math.log(ms) for ms in ordered]
+        median = _median(logs)
+        spread = MAD_TO_STD * _median([abs(x - median) for x in logs])
+        floor = ordered[-2] if len(ordered) >= 3 else ordered[-1]
+        estimate = max(floor, math.exp(median + UNIT_QUANTILE_Z * spread))
+        self._unit_estimates[kind] = (estimate, recent[0][0] + UNIT_TIME_MAX_AGE_S)
         return estimate
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

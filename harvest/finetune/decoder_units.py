@@ -94,23 +94,38 @@ class DecoderUnits:
         with torch.no_grad(), self._autocast():
             row_slice.hidden[layer_id + 1] = self._run_layer(layer_id, row_slice.hidden[layer_id], row_slice)
 
-    def head(self, row_slice: RowSlice) -> torch.Tensor:
-        """Loss of the row slice (already divided by its denominator) and its backward down to the last layer."""
-        hidden = row_slice.hidden[self.num_layers].detach().requires_grad_(True)
+    def head(self, row_slice: RowSlice, span: tuple[int, int] | None = None) -> torch.Tensor:
+        """Loss of the row slice (already divided by its denominator) and its backward down to the last layer;
+        with `span`, of positions [start, end) only: the loss is a sum over positions, so the spans' losses add
+        up to the slice's and each fills its positions of the gradient."""
+        hidden_all = row_slice.hidden[self.num_layers]
+        seq_len = hidden_all.shape[1]
+        start, end = span or (0, seq_len)
+        hidden = hidden_all[:, start:end].detach().requires_grad_(True)
+        labels = row_slice.inputs["labels"]
         with torch.enable_grad(), self._autocast():
-            # logits: [rows, seq_len, vocab]
+            # logits: [rows, end - start, vocab]
             logits = self.lm_head(self.norm(hidden))
-            loss = self.base.loss_function(
-                logits=logits,
-                labels=row_slice.inputs["labels"],
-                vocab_size=self.config.vocab_size,
-                num_items_in_batch=row_slice.loss_denominator,
-            )
+            if span is None:
+                loss = self.base.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
+                                               num_items_in_batch=row_slice.loss_denominator)
+            else:
+                # position p predicts the label at p + 1 (what the loss function's own shift does)
+                shift_labels = nn.functional.pad(labels, (0, 1), value=-100)[:, start + 1:end + 1].contiguous()
+                loss = self.base.loss_function(logits=logits, labels=None, shift_labels=shift_labels,
+                                               vocab_size=self.config.vocab_size,
+                                               num_items_in_batch=row_slice.loss_denominator)
         loss.backward()
-        row_slice.grad = hidden.grad
-        row_slice.hidden[self.num_layers] = None
-        row_slice.loss = loss.detach()
-        return row_slice.loss
+        if span is None:
+            row_slice.grad = hidden.grad
+        else:
+            if start == 0:
+                row_slice.grad = torch.empty_like(hidden_all)
+            row_slice.grad[:, start:end] = hidden.grad
+        if end == seq_len:
+            row_slice.hidden[self.num_layers] = None
+        row_slice.loss = loss.detach() if start == 0 else row_slice.loss + loss.detach()
+        return loss.detach()
 
     def backward(self, row_slice: RowSlice, layer_id: int) -> None:
         needs_input_grad = layer_id > 0 or self.is_embed_trainable

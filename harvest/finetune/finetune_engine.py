@@ -139,7 +139,7 @@ class FinetuneEngine:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         duration_ms = (time.perf_counter() - started) * 1e3
-        num_tokens = self._queue.slices[unit.slice_id].num_tokens if unit.kind != "optimizer" else 0
+        num_tokens = self._queue.num_unit_tokens(unit)
         self._sizer.observe(unit.kind, num_tokens, duration_ms)
         self._step_ms += duration_ms
         is_step_end = unit.kind == "optimizer"
@@ -171,7 +171,7 @@ class FinetuneEngine:
         elif unit.kind == "forward":
             self.units.forward(row_slice, unit.layer_id)
         elif unit.kind == "head":
-            self._step_loss += self.units.head(row_slice)
+            self._step_loss += self.units.head(row_slice, unit.span)
         elif unit.kind == "backward":
             self.units.backward(row_slice, unit.layer_id)
         else:

@@ -2,7 +2,8 @@
 
 A step takes the next gradient-accumulation window of micro-batches from the Trainer's dataloader, splits
 each into row slices (UnitSizer: so one unit stays under its time bound) and queues, per row slice,
-embed -> forward per layer -> head -> backward per layer (reversed), then one optimizer unit.
+embed -> forward per layer -> head (one unit, or one per span of positions) -> backward per layer (reversed),
+then one optimizer unit.
 """
 
 from collections import deque
@@ -23,6 +24,8 @@ class Unit:
     kind: str
     layer_id: int | None
     slice_id: int
+    span: tuple[int, int] | None = None
+    """A head unit's sequence positions [start, end); None: the whole sequence."""
 
 
 class StepQueue:
@@ -52,6 +55,19 @@ class StepQueue:
     @property
     def num_step_tokens(self) -> int:
         return sum(row_slice.num_tokens for row_slice in self.slices)
+
+    def num_unit_tokens(self, unit: Unit) -> int:
+        """Non-padding tokens the unit processes (0 for the optimizer step)."""
+        if unit.kind == "optimizer":
+            return 0
+        row_slice = self.slices[unit.slice_id]
+        if unit.span is None:
+            return row_slice.num_tokens
+        start, end = unit.span
+        mask = row_slice.inputs.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            return int(mask[:, start:end].sum())
+        return row_slice.inputs["input_ids"].shape[0] * (end - start)
 
     def upcoming_layer_ids(self) -> list[int]:
         return [unit.layer_id for unit in self._units if unit.layer_id is not None]
@@ -102,7 +118,9 @@ class StepQueue:
         for slice_id in range(len(self.slices)):
             self._units.append(Unit("embed", None, slice_id))
             self._units.extend(Unit("forward", i, slice_id) for i in range(self._num_layers))
-            self._units.append(Unit("head", None, slice_id))
+            num_rows, seq_len = self.slices[slice_id].inputs["input_ids"].shape
+            spans = self._sizer.head_spans(num_rows, seq_len)
+            self._units.extend(Unit("head", None, slice_id, None if len(spans) == 1 else span) for span in spans)
             self._units.extend(Unit("backward", i, slice_id) for i in reversed(range(self._num_layers)))
         self._units.append(Unit("optimizer", None, len(self.slices) - 1))
 

@@ -33,17 +33,29 @@ class UnitSizer:
         previous = self._ms_per_token.get(kind)
         self._ms_per_token[kind] = sample if previous is None else previous + self.smoothing * (sample - previous)
 
-    def slowest_ms_per_token(self) -> float | None:
-        return max(self._ms_per_token.values(), default=None)
+    def slowest_ms_per_token(self, exclude: tuple[str, ...] = ()) -> float | None:
+        return max((ms for kind, ms in self._ms_per_token.items() if kind not in exclude), default=None)
 
     def rows_per_slice(self, num_rows: int, tokens_per_row: int) -> int:
-        """Rows per unit in [1, num_rows]: as many as fit `max_unit_ms` at the slowest measured unit kind."""
+        """Rows per unit in [1, num_rows]: as many as fit `max_unit_ms` at the slowest measured unit kind but
+        the head, which is cut along the sequence instead (head_spans)."""
         if num_rows < 1:
             raise ValueError(f"num_rows must be >= 1, got {num_rows}")
         rows = num_rows
-        ms_per_token = self.slowest_ms_per_token()
+        ms_per_token = self.slowest_ms_per_token(exclude=("head",))
         if self.max_unit_ms is not None and ms_per_token:
             rows = math.floor(self.max_unit_ms / (ms_per_token * max(tokens_per_row, 1)))
         if self.max_slice_rows is not None:
             rows = min(rows, self.max_slice_rows)
         return max(1, min(rows, num_rows))
+
+    def head_spans(self, num_rows: int, seq_len: int) -> list[tuple[int, int]]:
+        """Sequence positions [start, end) of each head unit of a row slice: as few equal spans as keep one
+        under `max_unit_ms` at the head's measured cost. The head (vocabulary projection, loss and their
+        backward) is per position, so a span's loss and gradient are exactly that span's share."""
+        ms_per_token = self._ms_per_token.get("head")
+        length = seq_len
+        if self.max_unit_ms is not None and ms_per_token:
+            length = max(1, min(seq_len, math.floor(self.max_unit_ms / (num_rows * ms_per_token))))
+        length = math.ceil(seq_len / math.ceil(seq_len / length))  # equal spans, none longer
+        return [(start, min(start + length, seq_len)) for start in range(0, seq_len, length)]
