@@ -12,6 +12,7 @@ arrived while an idle-time unit ran.
 
 import contextlib
 import math
+import statistics
 import time
 from collections import deque
 
@@ -245,21 +246,17 @@ class Controller:
         cached = self._unit_estimates.get(kind)
         if cached is not None and now < cached[1]:
             return cached[0]
-        recent = [(t, ms) for t, ms in self._recent_unit_ms.get(kind, ()) if now - t <= UNIT_TIME_MAX_AGE_S]
+        # list(): the admin thread reads stats while the unit thread appends (spatial mode)
+        recent = [(t, ms) for t, ms in list(self._recent_unit_ms.get(kind, ())) if now - t <= UNIT_TIME_MAX_AGE_S]
         if len(recent) < 2:
             bound = self.job.max_unit_ms
             return float("inf") if bound is None else 2.0 * bound
         ordered = sorted(ms for _, ms in recent)
         logs = [math.log(ms) for ms in ordered]
-        median = _median(logs)
-        spread = MAD_TO_STD * _median([abs(x - median) for x in logs])
+        median = statistics.median(logs)
+        spread = MAD_TO_STD * statistics.median([abs(x - median) for x in logs])
         floor = ordered[-2] if len(ordered) >= 3 else ordered[-1]
         estimate = max(floor, math.exp(median + UNIT_QUANTILE_Z * spread))
         self._unit_estimates[kind] = (estimate, recent[0][0] + UNIT_TIME_MAX_AGE_S)
         return estimate
 
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
