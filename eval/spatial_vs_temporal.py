@@ -81,9 +81,10 @@ def main() -> None:
     phases = []
     with WorkerProcess(worker_args, args.port, args.admin_port, log) as worker:
         deadline = time.monotonic() + 600
-        while read_stats(worker.admin_url)["finetune"]["state"] not in ("running", "waiting", "starved"):
+        # the job past its first optimizer step (loading and warm-up units out of the phases), as bench colocate
+        while read_stats(worker.admin_url)["finetune"].get("step", 0) < 1:
             if time.monotonic() > deadline:
-                raise SystemExit("the finetune job did not start")
+                raise SystemExit("the finetune job did not finish its first step")
             time.sleep(1.0)
         for policy, pin in (("spatial", ""), ("temporal", f"?infer={num_cores}&ft=0")) * 2:
             phases.append(phase(worker, policy, pin, args))

@@ -69,7 +69,8 @@ def test_window_out_of_range_is_rejected():
 )
 def test_rows_per_chunk_fits_the_budget_and_stays_in_range(num_rows, tokens_per_row, max_unit_ms, ms_per_token, cap):
     sizer = UnitSizer(max_unit_ms=max_unit_ms, max_slice_rows=cap, smoothing=1.0)
-    assert sizer.rows_per_slice(num_rows, tokens_per_row) == min(num_rows, cap or num_rows)  # nothing measured
+    assert sizer.rows_per_slice(num_rows, tokens_per_row) == 1  # nothing timed yet: the smallest unit
+    assert UnitSizer(max_slice_rows=cap).rows_per_slice(num_rows, tokens_per_row) == min(num_rows, cap or num_rows)
     sizer.observe("backward", 100, ms_per_token * 100)
     rows = sizer.rows_per_slice(num_rows, tokens_per_row)
     assert 1 <= rows <= num_rows

@@ -38,13 +38,16 @@ class UnitSizer:
 
     def rows_per_slice(self, num_rows: int, tokens_per_row: int) -> int:
         """Rows per unit in [1, num_rows]: as many as fit `max_unit_ms` at the slowest measured unit kind but
-        the head, which is cut along the sequence instead (head_spans)."""
+        the head, which is cut along the sequence instead (head_spans); one before any unit is timed."""
         if num_rows < 1:
             raise ValueError(f"num_rows must be >= 1, got {num_rows}")
         rows = num_rows
         ms_per_token = self.slowest_ms_per_token(exclude=("head",))
-        if self.max_unit_ms is not None and ms_per_token:
-            rows = math.floor(self.max_unit_ms / (ms_per_token * max(tokens_per_row, 1)))
+        if self.max_unit_ms is not None:
+            # Nothing timed yet (the job's first step): one row per unit, the smallest it can be. A first step
+            # of whole micro-batches overran the bound several times over and, in a worker that never idles,
+            # did not finish (its units fit no slice).
+            rows = 1 if not ms_per_token else math.floor(self.max_unit_ms / (ms_per_token * max(tokens_per_row, 1)))
         if self.max_slice_rows is not None:
             rows = min(rows, self.max_slice_rows)
         return max(1, min(rows, num_rows))
