@@ -3,6 +3,7 @@ LoRA flags set from the job, and a real CPU worker serving the published adapter
 
 import os
 import subprocess
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -124,3 +125,12 @@ def test_publish_on_request_serves_the_last_step(publishing_worker):
     assert published["step"] == httpx.get(f"{worker.admin_url}/harvest/stats", timeout=60).json()["finetune"]["step"]
     assert published["step"] >= step
     assert httpx.post(f"{worker.admin_url}/harvest/finetune/resume", timeout=60).status_code == 200
+
+
+@pytest.mark.sglang
+def test_a_request_refused_for_its_adapter_does_not_hold_up_shutdown(publishing_worker):
+    """The 400 for an unknown adapter (first test) left SGLang counting a request in flight, and its graceful
+    shutdown waited for it until the supervisor's kill (refused_requests.py). Runs last: it stops the worker."""
+    started = time.monotonic()
+    publishing_worker.stop(timeout_s=60)
+    assert time.monotonic() - started < 30, "SGLang's graceful shutdown waited for a request still counted in flight"

@@ -81,11 +81,9 @@ def test_status_command_prints_the_stats_table(worker, harvest_cli):
     assert "decode_steps" in out.stdout and "step_latency_ms_p99" in out.stdout
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_worker_stops_cleanly_on_signal(tiny_model_dir, tmp_path, sig):
+def assert_stops_cleanly(worker: WorkerProcess, sig: signal.Signals) -> None:
     """SGLang ends its own drain by SIGKILLing its tree; harvest's supervisor must still exit 0 and
     leave no process behind."""
-    worker = start_worker(tiny_model_dir, tmp_path, sig.name)
     tree = [psutil.Process(worker.proc.pid), *psutil.Process(worker.proc.pid).children(recursive=True)]
     assert len(tree) >= 3, "expected supervisor, SGLang server and its scheduler/detokenizer processes"
     assert asyncio.run(_generate_concurrently(worker.url, [4]))[0]["meta_info"]["completion_tokens"] == 4
@@ -95,3 +93,12 @@ def test_worker_stops_cleanly_on_signal(tiny_model_dir, tmp_path, sig):
     assert code == 0
     assert worker.orphans == []
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_worker_stops_cleanly_on_sigint(tiny_model_dir, tmp_path):
+    assert_stops_cleanly(start_worker(tiny_model_dir, tmp_path, "SIGINT"), signal.SIGINT)
+
+
+def test_worker_stops_cleanly_on_sigterm(worker):
+    """On the module's worker, so it runs last."""
+    assert_stops_cleanly(worker, signal.SIGTERM)

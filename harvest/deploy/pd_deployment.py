@@ -12,8 +12,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
-
 from base.errors import HarvestError
 from harvest.sglang.pd_flags import (
     NUM_TRANSFER_PORTS,
@@ -143,16 +141,8 @@ class PDDeployment:
     def _wait_router_ready(self, timeout_s: float) -> None:
         """The router answers /health before it has found its workers; /readiness is 200 once it sees a
         healthy prefill and decode worker (503 "insufficient healthy workers" until then)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.router.proc.poll() is not None:
-                raise HarvestError(f"router exited with {self.router.proc.returncode}; log: {self.router.log_path}")
-            try:
-                if httpx.get(f"{self.router.url}/readiness", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
+        if self.router.wait_until_ok("/readiness", timeout_s, "router"):
+            return
         raise HarvestError(f"router: no healthy prefill and decode worker reachable after {timeout_s:.0f} s "
                            f"(prefill {self.prefill.url}, decode {self.decode.url}); log: {self.router.log_path}")
 

@@ -5,6 +5,7 @@ import ctypes
 import time
 
 from harvest.doctor.check import FAIL, PASS, Check
+from harvest.doctor.vmm_round_trip import vmm_round_trip
 
 MIB = 1 << 20
 BLOCK = 2 * MIB
@@ -72,26 +73,7 @@ def gpu_vmm() -> dict:
     free_before = torch.cuda.mem_get_info()[0]
     backend = CudaBackend(8, BLOCK)
     created = free_before - torch.cuda.mem_get_info()[0]
-    addr = backend.reserve(4 * BLOCK)
-    backend.map_blocks(addr, [3, 1, 0, 2])
-    view = backend.byte_tensor(addr, 4 * BLOCK)
-    for i in range(4):
-        view[i * BLOCK:(i + 1) * BLOCK].fill_(i + 1)
-    alias = backend.reserve(BLOCK)
-    backend.map_blocks(alias, [1])
-    alias_view = backend.byte_tensor(alias, BLOCK)
-    alias_reads = bool((alias_view == 2).all())
-    alias_view.fill_(9)
-    torch.cuda.synchronize()
-    alias_writes = bool((view[BLOCK:2 * BLOCK] == 9).all())
-    backend.unmap(alias, BLOCK)
-    backend.release(alias, BLOCK)
-    backend.remap_block(addr, 7)
-    view[:BLOCK].fill_(5)
-    torch.cuda.synchronize()
-    remap_ok = bool((view[:BLOCK] == 5).all()) and bool((view[2 * BLOCK:3 * BLOCK] == 3).all())
-    backend.unmap(addr, 4 * BLOCK)
-    backend.release(addr, 4 * BLOCK)
+    checks = vmm_round_trip(backend, BLOCK, torch.cuda.synchronize)
     backend.close()
     six = CudaBackend(2, 6 * MIB)                   # lcm(2 MiB, 384-byte rows): SmolLM2's block
     addr6 = six.reserve(12 * MIB)
@@ -102,9 +84,8 @@ def gpu_vmm() -> dict:
     six.unmap(addr6, 12 * MIB)
     six.release(addr6, 12 * MIB)
     six.close()
-    ok = alias_reads and alias_writes and remap_ok and six_ok and abs(created - 8 * BLOCK) <= 2 * BLOCK
-    return {"status": PASS if ok else FAIL, "created_bytes": created, "alias_reads": alias_reads,
-            "alias_writes": alias_writes, "remap_ok": remap_ok, "six_mib_blocks": six_ok}
+    ok = all(checks.values()) and six_ok and abs(created - 8 * BLOCK) <= 2 * BLOCK
+    return {"status": PASS if ok else FAIL, "created_bytes": created, **checks, "six_mib_blocks": six_ok}
 
 
 def gpu_stray_read() -> dict:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from harvest.doctor.check import FAIL, PASS, Check
+from harvest.doctor.vmm_round_trip import vmm_round_trip
 
 PINNED = {"torch": "2.11.0", "sglang": "0.5.12", "transformers": "5.6.0", "llamafactory": "0.9.5"}
 PAGE_BLOCK_BYTES = 64 << 10
@@ -42,29 +43,10 @@ def host_vmm() -> dict:
     block = PAGE_BLOCK_BYTES
     backend = HostBackend(8, block)
     try:
-        addr = backend.reserve(4 * block)
-        backend.map_blocks(addr, [3, 1, 0, 2])
-        view = backend.byte_tensor(addr, 4 * block)
-        for i in range(4):
-            view[i * block:(i + 1) * block].fill_(i + 1)
-        alias = backend.reserve(block)
-        backend.map_blocks(alias, [1])                  # block 1 sits at slot 1 of `addr` (value 2)
-        alias_view = backend.byte_tensor(alias, block)
-        alias_reads = bool((alias_view == 2).all())
-        alias_view.fill_(9)
-        alias_writes = bool((view[block:2 * block] == 9).all())
-        backend.unmap(alias, block)
-        backend.release(alias, block)
-        backend.remap_block(addr, 7)                    # slot 0: block 3 -> block 7
-        view[:block].fill_(5)
-        remap_ok = bool((view[:block] == 5).all()) and bool((view[2 * block:3 * block] == 3).all())
-        backend.unmap(addr, 4 * block)
-        backend.release(addr, 4 * block)
+        checks = vmm_round_trip(backend, block, synchronize=lambda: None)
     finally:
         backend.close()
-    ok = alias_reads and alias_writes and remap_ok
-    return {"status": PASS if ok else FAIL, "alias_reads": alias_reads, "alias_writes": alias_writes,
-            "remap_ok": remap_ok}
+    return {"status": PASS if all(checks.values()) else FAIL, **checks}
 
 
 _STRAY_READ = """

@@ -108,5 +108,7 @@ def launch(server_args, config: ServeConfig, is_cpu_host: bool) -> None:
     from sglang.srt.entrypoints.http_server import launch_server
 
     from harvest.sglang.hooks import scheduler_process_target
+    from harvest.sglang.refused_requests import install_refused_request_hook
 
+    install_refused_request_hook()
     launch_server(server_args, run_scheduler_process_func=scheduler_process_target(config))

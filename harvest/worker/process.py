@@ -61,18 +61,24 @@ class WorkerProcess:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
+        if not self.wait_until_ok("/health", timeout_s, "worker"):
+            self.stop()
+            raise HarvestError(f"worker not ready after {timeout_s:.0f} s; log: {self.log_path}")
+
+    def wait_until_ok(self, path: str, timeout_s: float, what: str) -> bool:
+        """Poll GET `path` until it answers 200 (True) or `timeout_s` passes (False); raises if the process
+        exits meanwhile."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise HarvestError(f"worker exited with {self.proc.returncode} while starting; log: {self.log_path}")
+                raise HarvestError(f"{what} exited with {self.proc.returncode} while starting; log: {self.log_path}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
+                if httpx.get(f"{self.url}{path}", timeout=5).status_code == 200:
+                    return True
             except httpx.HTTPError:
                 pass
             time.sleep(1.0)
-        self.stop()
-        raise HarvestError(f"worker not ready after {timeout_s:.0f} s; log: {self.log_path}")
+        return False
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
         """Signal the worker, wait for it and its children; kill what is left. Returns the exit code."""
