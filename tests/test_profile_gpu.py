@@ -22,10 +22,12 @@ def test_a_gpu_co_run_profile_measures_every_formed_partition_and_its_finetune_r
     from harvest.finetune import FinetuneConfig
     from harvest.runtime import _is_spatial
 
-    job = write_tiny_job(tmp_path / "job", num_layers=2)
+    # The job trains in the worker through every visit: it must not finish first (the profiler's own
+    # solo runs set their max_steps).
+    job = write_tiny_job(tmp_path / "job", num_layers=2, max_steps=100_000, save_steps=100_000)
     out = subprocess.run(
         [*harvest_cli, "profile", "--co-run", "--model-path", str(tiny_model_dir), "--out", "p/gpu.json",
-         "--finetune", str(job), "--finetune-steps", "1", "--max-batch-size", "3", "--max-seq-len", "64",
+         "--finetune", str(job), "--finetune-steps", "1", "--max-batch-size", "6", "--max-seq-len", "64",
          "--seq-levels", "2", "--passes", "1", "--repeats", "3", "--held-out", "1",
          "--port", str(free_port()), "--admin-port", str(free_port())],
         cwd=tmp_path, capture_output=True, text=True, timeout=1200, check=False,

@@ -93,6 +93,7 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
     from harvest.profiler.foreign_load import ForeignLoad
     from harvest.profiler.profiled_device import local_device
     from harvest.worker.process import WorkerProcess
+    from predictor.config import DEFAULT_CONFIG
     from predictor.profile import Profile
     from predictor.samples import write_samples
     from predictor.sampling_plan import SamplingPlan
@@ -114,6 +115,11 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
                         num_repeats=config.repeats, num_seq_levels=config.seq_levels,
                         num_held_out_per_partition=config.held_out)
     points, dropped_partitions = device.measurable(plan.points(), config.co_run)
+    num_co_run_fit = sum(1 for p in points if p.ft_sms and not p.is_held_out)
+    if config.co_run and num_co_run_fit < DEFAULT_CONFIG.min_colo_samples:
+        # Known before any worker starts: the plan takes 2 lengths x up to 3 batch sizes per co-run pair.
+        raise HarvestError(f"--co-run: the plan has {num_co_run_fit} co-run shapes to fit and stage 2 needs >= "
+                           f"{DEFAULT_CONFIG.min_colo_samples}: raise --max-batch-size (>= 6 gives 3 batch sizes)")
     log_dir = Path(tempfile.mkdtemp(prefix="harvest-profile-"))
     worker = WorkerProcess(
         ["--model-path", str(model_path), "--max-running-requests", str(config.max_batch_size),
