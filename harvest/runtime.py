@@ -260,6 +260,12 @@ def _spatial_partitions(config: ServeConfig, profile, device_index: int):
         from harvest.colocation.green_partitions import GreenPartitions
 
         partitions = GreenPartitions(device_index, pairs)
+        if config.pinned_partition is not None and not partitions.can_form(*config.pinned_partition):
+            # Checked here, at start-up: the driver's split is known only on the device (the CPU form is
+            # checked before the worker starts, serve.py). Else the first step would find no stream for it.
+            raise HarvestError(f"--pin-partition {config.pinned_partition}: the driver split this GPU's "
+                               f"{partitions.num_sms} SMs into groups {partitions.group_sms}, which form no such "
+                               "partition (decode a prefix of whole groups, finetune the groups right after)")
         if pairs is not None:
             # The planner may pick any co-run partition at any step: its contexts are made now. A profiling
             # worker makes a finetune context at its first pin instead (~136 on an H100), in the visit's warm-up.

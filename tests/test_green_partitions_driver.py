@@ -232,3 +232,16 @@ def test_a_pinned_gpu_worker_without_a_profile_captures_a_decode_graph_per_decod
     groups = StreamGroups(parts, parts.pairs)
     assert groups.decode_sms == [132, *range(8, 121, 8)]
     assert groups.index_of(parts.streams(120, 0)[0]) == 15
+
+
+def test_a_pinned_partition_the_split_cannot_form_is_refused_at_start_up(fake_driver):
+    """Else the worker started and its first step found no stream for the partition (KeyError in the step)."""
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.runtime import HarvestRuntime
+
+    fake_driver(132, [8] * 15, 12)
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"), tpot_slo_ms=1.0,
+                         pinned_partition=(64, 64))
+    with pytest.raises(HarvestError, match=r"--pin-partition \(64, 64\).*groups \[8, 8"):
+        HarvestRuntime(config).green_partitions(0)
