@@ -231,6 +231,7 @@ def test_a_pinned_gpu_worker_without_a_profile_captures_a_decode_graph_per_decod
     assert (120, 0) in parts.pairs and (8, 112) in parts.pairs and (128, 0) not in parts.pairs
     groups = StreamGroups(parts, parts.pairs)
     assert groups.decode_sms == [132, *range(8, 121, 8)]
+    assert driver.contexts == [tuple(range(n)) for n in range(1, 16)]   # decode prefixes only, no finetune runs
     assert groups.index_of(parts.streams(120, 0)[0]) == 15
 
 

@@ -101,13 +101,16 @@ class GreenPartitions:
     def streams(self, infer_sms: int, ft_sms: int):
         """(decode stream, finetune stream or None) of a partition in `pairs`. The whole device, decode
         alone, is (None, None): decode stays on SGLang's own streams (stream_groups.py, group 0)."""
+        return self.decode_stream(infer_sms, ft_sms), self._finetune_stream(infer_sms, ft_sms)
+
+    def _group_runs(self, infer_sms: int, ft_sms: int) -> tuple[range, range] | None:
         if (infer_sms, ft_sms) not in self._runs:
             raise KeyError(f"partition ({infer_sms}, {ft_sms}) is not formed on this device; pick one of `pairs`")
-        runs = self._runs[(infer_sms, ft_sms)]
-        if runs is None:
-            return None, None
-        decode_groups, finetune_groups = runs
-        return self._stream_for(decode_groups), self._stream_for(finetune_groups) if ft_sms else None
+        return self._runs[(infer_sms, ft_sms)]
+
+    def _finetune_stream(self, infer_sms: int, ft_sms: int):
+        runs = self._group_runs(infer_sms, ft_sms)
+        return None if runs is None or not ft_sms else self._stream_for(runs[1])
 
     # The partition interface SpatialController uses (CorePartitions is the CPU form): a context per thread.
 
@@ -120,12 +123,15 @@ class GreenPartitions:
         return contextlib.nullcontext()
 
     def decode_stream(self, infer_sms: int, ft_sms: int):
-        return self.streams(infer_sms, ft_sms)[0]
+        """The partition's decode stream alone (its finetune context is not created: stream_groups.py makes
+        decode graphs for every formed partition of a profiling worker, ~136 finetune runs on an H100)."""
+        runs = self._group_runs(infer_sms, ft_sms)
+        return None if runs is None else self._stream_for(runs[0])
 
     def finetune_context(self, infer_sms: int, ft_sms: int):
         import torch
 
-        return torch.cuda.stream(self.streams(infer_sms, ft_sms)[1])
+        return torch.cuda.stream(self._finetune_stream(infer_sms, ft_sms))
 
     def whole_device_context(self):
         import torch
