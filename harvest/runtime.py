@@ -248,15 +248,28 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
 
 
 def _spatial_partitions(config: ServeConfig, profile, device_index: int):
-    """SMs on green contexts on the worker's GPU; core sets on a CPU host."""
-    pairs = list(profile.partitions) if profile is not None else []
-    if config.pinned_partition is not None and config.pinned_partition not in pairs:
-        pairs.append(config.pinned_partition)
+    """SMs on green contexts on the worker's GPU; core sets on a CPU host. With a profile, its partitions (and
+    the pinned one); without one (a worker pinned for `harvest profile --co-run`), every partition the device
+    forms, since the admin API may pin any of them (POST /harvest/partition)."""
+    pairs = None
+    if profile is not None:
+        pairs = list(profile.partitions)
+        if config.pinned_partition is not None and config.pinned_partition not in pairs:
+            pairs.append(config.pinned_partition)
     if config.finetune.device.startswith("cuda"):
         from harvest.colocation.green_partitions import GreenPartitions
 
         partitions = GreenPartitions(device_index, pairs)
-        partitions.prepare([(i, f) for i, f in partitions.pairs if f > 0])
+        if config.pinned_partition is not None and not partitions.can_form(*config.pinned_partition):
+            # Checked here, at start-up: the driver's split is known only on the device (the CPU form is
+            # checked before the worker starts, serve.py). Else the first step would find no stream for it.
+            raise HarvestError(f"--pin-partition {config.pinned_partition}: the driver split this GPU's "
+                               f"{partitions.num_sms} SMs into groups {partitions.group_sms}, which form no such "
+                               "partition (decode a prefix of whole groups, finetune the groups right after)")
+        if pairs is not None:
+            # The planner may pick any co-run partition at any step: its contexts are made now. A profiling
+            # worker makes a finetune context at its first pin instead (~136 on an H100), in the visit's warm-up.
+            partitions.prepare([(i, f) for i, f in partitions.pairs if f > 0])
         return partitions
     from harvest.colocation.core_partitions import CorePartitions
 

@@ -38,14 +38,14 @@ results=${RESULTS:-eval/results/$(date -u +%Y-%m-%d)-${gpu:-nogpu}}
 tpot_ms=40
 mkdir -p "$work/stages"
 
-# name, usual seconds (estimates until measured; 1410 s in all, inside 25 minutes of device time), description
+# name, usual seconds (estimates until measured; 1470 s in all, inside 25 minutes of device time), description
 STAGES=(
   "install 120 install the bundle offline into --site"
   "doctor 30 harvest doctor: driver, GPU, SGLang, native libraries"
   "model 90 random Llama-3-8B (bf16, drawn on the GPU) with a small tokenizer for the LoRA job"
   "profile_solo 240 decode latency profile + the LoRA job's solo throughput"
   "worker_temporal 180 live conv-trace window at 40 ms TPOT, LoRA job inside, temporal (solo profile)"
-  "profile_corun 300 co-run profile: decode beside finetune per green-context split"
+  "profile_corun 360 co-run profile: solo and co-run decode per green-context partition, finetune per partition"
   "worker_spatial 180 live conv-trace window at 40 ms TPOT, LoRA job inside, spatial (co-run profile)"
   "baselines 60 separate / static / temporal / harvest replayed on the measured profile"
   "finetune_off 180 harvest with finetuning off vs plain SGLang, same requests"
@@ -83,7 +83,11 @@ job = {**TINY_JOB, 'model_name_or_path': sys.argv[1], 'output_dir': sys.argv[2],
 open(sys.argv[3], 'w').write(yaml.safe_dump(job))" "$model" "$work/adapter" "$job" ;;
     profile_solo) hv profile --model-path "$model" --finetune "$job" --out "$results/profile_solo.json" ;;
     worker_temporal) serve_and_replay "$results/worker_temporal" "$results/profile_solo.json" ;;
-    profile_corun) hv profile --co-run --model-path "$model" --finetune "$job" --out "$results/profile_corun.json" ;;
+    # Every SM partition the driver's split forms is sampled (17 decode sides on an H100, ~340 visits at
+    # these settings): one pass, two seq_len levels, one held-out shape per partition fit the stage's time.
+    profile_corun) hv profile --co-run --model-path "$model" --finetune "$job" --out "$results/profile_corun.json" \
+                     --max-batch-size 16 --max-seq-len 1024 --seq-levels 2 --passes 1 --held-out 1 \
+                     --finetune-steps 2 ;;
     worker_spatial) serve_and_replay "$results/worker_spatial" "$results/profile_corun.json" ;;
     baselines) hv replay --simulate --profile "$results/profile_corun.json" --policy all --trace conv --window 600s \
                  --tpot-ms $tpot_ms --out "$results/baselines" ;;
@@ -138,8 +142,12 @@ check_inputs() {  # prints MISSING lines; returns the count
     if $harvest $sub --help >/dev/null 2>&1; then echo "command: harvest $sub ok"
     else echo "MISSING: harvest $sub"; missing=$((missing + 1)); fi
   done
-  if $harvest profile --help 2>/dev/null | grep -q -- --co-run; then echo "command: harvest profile --co-run ok"
-  else echo "MISSING: harvest profile --co-run"; missing=$((missing + 1)); fi
+  local flag profile_help
+  profile_help=$($harvest profile --help 2>/dev/null)
+  for flag in $(declare -f run_stage | grep -o 'hv profile.*' | grep -o -- '--[a-z-]*' | sort -u); do
+    if grep -qE -- "(^|[[:space:],])$flag([[:space:],=]|$)" <<<"$profile_help"; then echo "command: harvest profile $flag ok"
+    else echo "MISSING: harvest profile $flag (a profile stage passes it)"; missing=$((missing + 1)); fi
+  done
   command -v nvidia-smi >/dev/null || echo "note: no nvidia-smi here (the stages need a GPU)"
   return $missing
 }

@@ -66,3 +66,12 @@ def test_unknown_subcommand(harvest_cli):
 def test_profile_co_run_needs_a_finetune_job(harvest_cli, tmp_path):
     result = run_cli(harvest_cli, "profile", "--co-run", "--out", str(tmp_path / "p.json"))
     assert_one_line_error(result, "--co-run needs --finetune")
+
+
+def test_profile_co_run_too_small_to_fit_stage_2_is_refused_before_any_worker(harvest_cli, tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("stage: sft\n")
+    result = run_cli(harvest_cli, "profile", "--co-run", "--finetune", str(job), "--max-batch-size", "3",
+                     "--out", str(tmp_path / "p.json"))
+    assert_one_line_error(result, "stage 2 needs >= 4", "--max-batch-size")
+    assert not (tmp_path / "p.json").exists()

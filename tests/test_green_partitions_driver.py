@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from base.errors import HarvestError
 from predictor.partition_grid import PartitionGrid
 
 OK = "CUDA_SUCCESS"
@@ -33,6 +34,9 @@ class FakeDriver:
     def cuDeviceGet(self, index):
         self.devices.append(index)
         return OK, index
+
+    def cuDeviceGetName(self, length, device):
+        return OK, b"Fake H100".ljust(length, b"\x00")
 
     def cuGetErrorName(self, err):
         return OK, str(err)
@@ -177,3 +181,68 @@ def test_the_runtime_builds_partitions_on_the_workers_device_and_plans_only_form
 
     assert co_runs(SplitPlanner(runtime.profile, 100.0)) - set(parts.pairs)    # e.g. (112, 16): 128 SMs
     assert not co_runs(SplitPlanner(runtime.profile, 100.0, pairs=parts.pairs)) - set(runtime.co_run_pairs)
+
+
+def test_the_gpu_profiled_device_samples_only_partitions_its_split_forms(fake_driver):
+    """`harvest profile --co-run` on a GPU plans on the device's grid (the driver's SM count and granularity)
+    and measures only the partitions a pinned worker forms there: on 15 groups of 8, nothing past 120 SMs
+    but the whole device. The finetune job runs on cuda:0, on the finetune side of a formed partition."""
+    from harvest.profiler.profiled_device import gpu_device
+    from predictor.sampling_plan import SamplingPlan
+
+    fake_driver(132, [8] * 15, 12)
+    device = gpu_device(0)
+    assert device.name == "Fake H100" and device.finetune_device == "cuda:0" and device.is_gpu
+    assert device.grid(co_run=True) == PartitionGrid(132, 8)
+    assert device.grid(co_run=False) == PartitionGrid(132, 132)      # solo-only: the whole device, in SMs
+    device.check_co_run()
+    plan = SamplingPlan(device.grid(co_run=True), 16, 1024, num_seq_levels=2, num_held_out_per_partition=1)
+    kept, dropped = device.measurable(plan.points(), co_run=True)
+    assert (128, 0) in dropped and all(i + f > 120 and (i, f) != (132, 0) for i, f in dropped)
+    assert all(p.infer_sms + p.ft_sms <= 120 or (p.infer_sms, p.ft_sms) == (132, 0) for p in kept)
+    assert {(p.infer_sms, p.ft_sms) for p in kept} | set(dropped) == {(p.infer_sms, p.ft_sms) for p in plan.points()}
+    assert device.measurable(plan.points(), co_run=False) == (plan.points(), [])
+    stream = device.finetune_context(56).stream
+    assert stream == device.partitions.streams(64, 56)[1]            # the last groups: (64, 56) is the widest decode
+
+
+def test_a_gpu_split_of_one_group_cannot_co_run(fake_driver):
+    from harvest.profiler.profiled_device import gpu_device
+
+    fake_driver(8, [8], 0)
+    with pytest.raises(HarvestError, match=r"--co-run needs at least two partitions.*groups \[8\]"):
+        gpu_device(0).check_co_run()
+
+
+def test_a_pinned_gpu_worker_without_a_profile_captures_a_decode_graph_per_decode_prefix(fake_driver):
+    """The profiler pins solo partitions too, e.g. (120, 0), whose decode side no co-run partition has: each
+    formed decode prefix gets its stream group (decode graphs), or the pinned step finds none (KeyError)."""
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.runtime import HarvestRuntime
+    from harvest.sglang.stream_groups import StreamGroups
+
+    driver = fake_driver(132, [8] * 15, 12)
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"), tpot_slo_ms=1.0,
+                         pinned_partition=(132, 0))
+    runtime = HarvestRuntime(config)
+    parts = runtime.green_partitions(0)
+    assert driver.contexts == []                                    # finetune contexts come with their first pin
+    assert (120, 0) in parts.pairs and (8, 112) in parts.pairs and (128, 0) not in parts.pairs
+    groups = StreamGroups(parts, parts.pairs)
+    assert groups.decode_sms == [132, *range(8, 121, 8)]
+    assert driver.contexts == [tuple(range(n)) for n in range(1, 16)]   # decode prefixes only, no finetune runs
+    assert groups.index_of(parts.streams(120, 0)[0]) == 15
+
+
+def test_a_pinned_partition_the_split_cannot_form_is_refused_at_start_up(fake_driver):
+    """Else the worker started and its first step found no stream for the partition (KeyError in the step)."""
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.runtime import HarvestRuntime
+
+    fake_driver(132, [8] * 15, 12)
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"), tpot_slo_ms=1.0,
+                         pinned_partition=(64, 64))
+    with pytest.raises(HarvestError, match=r"--pin-partition \(64, 64\).*groups \[8, 8"):
+        HarvestRuntime(config).green_partitions(0)

@@ -81,6 +81,20 @@ def test_cpu_finetune_rate_round_trips_and_feeds_the_simulator(tmp_path):
     assert Profile.load(tmp_path / "old.json").finetune_throughput[0].samples_per_s_solo is None
 
 
+def test_a_measured_co_run_profile_feeds_the_simulator_its_co_run_rates():
+    """Pins a defect: `harvest profile --co-run` writes co-run rates per finetune partition and, for the whole
+    device, only the solo rate (nothing decodes beside it); the simulator read co-run rates only when every
+    entry had one, so `harvest replay --simulate` on a measured co-run profile refused every co-run pair."""
+    from harvest.replay.finetune_rates import FinetuneRates
+
+    profile = Profile.load("predictor/profiles/cpu-cores-smollm2-135m.json")
+    (co_run, whole) = profile.finetune_throughput
+    assert (co_run.ft_sms, whole.ft_sms, whole.tokens_per_s_colo) == (1, 2, None)
+    rates = FinetuneRates.from_profile(profile)
+    assert rates.colo(1) == co_run.tokens_per_s_colo and rates.colo(2) == co_run.tokens_per_s_colo   # flat past it
+    assert rates.colo(0) == 0.0 and rates.whole_device_tokens_per_s == whole.tokens_per_s_solo
+
+
 def corrupt(profile: Profile, tmp_path, edit) -> str:
     data = profile.to_dict()
     edit(data)

@@ -1,8 +1,7 @@
 """`harvest profile`: measure decode steps of a real worker, fit the two-stage latency profile, write it.
 
-CPU hosts only (harvest/profiler/live_profile.py); `--co-run` profiles the host's core partitions too.
-SM-partitioned co-run profiling on a GPU is not built yet: measure samples there and fit them with
-`harvest predictor fit --samples S.csv --device h100`.
+On the host's device (harvest/profiler/live_profile.py): its GPU where a CUDA driver is, else its CPU.
+`--co-run` profiles the device's partitions too: SM partitions on green contexts on a GPU, core sets on a CPU.
 """
 
 import argparse
@@ -37,8 +36,9 @@ def add_parser(subparsers) -> None:
                         help="which of a point's kept visits is its sample: min, the least disturbed (default), "
                         "or median")
     parser.add_argument("--co-run", action="store_true",
-                        help="profile core partitions too (needs --finetune): decode pinned to some cores with the "
-                        "job co-running on the others; the profile then makes `harvest serve --profile` spatial")
+                        help="profile the device's partitions too (needs --finetune): decode pinned to some SMs (a "
+                        "CPU's cores) with the job co-running on others; the profile then makes `harvest serve "
+                        "--profile` spatial")
     parser.add_argument("--port", type=int, default=30010)
     parser.add_argument("--admin-port", type=int, default=30110)
     parser.set_defaults(func=run)

@@ -17,12 +17,18 @@ from base.errors import HarvestError
 
 
 class CorePartitions:
-    def __init__(self, pairs: list[tuple[int, int]], cores: list[int] | None = None):
-        """`pairs`: the (infer_cores, ft_cores) partitions the planner may pick; `cores`: the cores this
-        worker may use (default: its affinity). A pair needing more cores than there are is an error."""
+    def __init__(self, pairs: list[tuple[int, int]] | None, cores: list[int] | None = None):
+        """`pairs`: the (infer_cores, ft_cores) partitions the planner may pick (None: every one these cores
+        form, as GreenPartitions); `cores`: the cores this worker may use (default: its affinity). A pair
+        needing more cores than there are is an error."""
+        from predictor.partition_grid import PartitionGrid
+
         self.cores = sorted(os.sched_getaffinity(0) if cores is None else cores)
         self.num_sms = len(self.cores)
         self.granularity = 1
+        self.grid = PartitionGrid(self.num_sms, self.granularity)
+        if pairs is None:
+            pairs = [*((i, 0) for i in self.grid.infer_options()), *self.grid.pairs()]
         too_large = [p for p in pairs if p[0] + p[1] > self.num_sms or p[0] < 1]
         if too_large:
             raise HarvestError(f"the profile's core partitions {too_large} need more than this worker's "

@@ -7,7 +7,9 @@ partition is a run of consecutive groups, decode taking a prefix whose SMs add u
 finetune the groups right after it adding up to `ft_sms`; both come from the same split, so they are
 disjoint. A requested pair no run of groups forms is dropped with a warning (`dropped_pairs`); the planner
 may pick only `pairs`. A green context is created the first time one of its pairs is asked for, or up
-front with `prepare`, so a 136-pair grid does not create 136 contexts at start-up.
+front with `prepare`, so a 136-pair grid does not create 136 contexts at start-up. Without requested pairs
+(a worker pinned for profiling, no profile yet) the partitions are every one the split forms on the device's
+grid (`grid`): the profiler may pin any of them.
 """
 
 import contextlib
@@ -43,12 +45,17 @@ def group_runs(group_sms: list[int], infer_sms: int, ft_sms: int) -> tuple[range
 
 
 class GreenPartitions:
-    def __init__(self, device_index: int, pairs: list[tuple[int, int]]):
+    def __init__(self, device_index: int, pairs: list[tuple[int, int]] | None):
+        """`pairs`: the (infer_sms, ft_sms) partitions wanted (a profile's); None: every one the device forms."""
         import torch
         from cuda.bindings import driver
 
+        from predictor.partition_grid import PartitionGrid
+
         _check(driver.cuInit(0))
         self._device = _check(driver.cuDeviceGet(device_index))
+        name = _check(driver.cuDeviceGetName(256, self._device))
+        self.device_name = (name.decode() if isinstance(name, bytes) else str(name)).split("\x00", 1)[0]
         self._torch_device = torch.device("cuda", device_index)
         resource = _check(driver.cuDeviceGetDevResource(self._device, driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
         self.num_sms = resource.sm.smCount
@@ -58,6 +65,10 @@ class GreenPartitions:
         self._groups = list(groups)[:num_groups]
         self.group_sms = [group.sm.smCount for group in self._groups]
         self.remaining_sms = remaining.sm.smCount
+        self.grid = PartitionGrid(self.num_sms, self.granularity)
+        is_requested = pairs is not None
+        if pairs is None:
+            pairs = [*((i, 0) for i in self.grid.infer_options()), *self.grid.pairs()]
         self._runs: dict[tuple[int, int], tuple[range, range] | None] = {}
         self.dropped_pairs: list[tuple[int, int]] = []
         for infer_sms, ft_sms in pairs:
@@ -67,7 +78,7 @@ class GreenPartitions:
                 continue
             self._runs[(infer_sms, ft_sms)] = runs
         self._streams: dict[tuple[int, int], object] = {}   # (first group, end group) -> stream
-        if self.dropped_pairs:
+        if self.dropped_pairs and is_requested:
             logger.warning("harvest: the driver split %d SMs into groups %s + %d left over; %d of %d partitions "
                            "cannot be formed and are dropped: %s", self.num_sms, self.group_sms, self.remaining_sms,
                            len(self.dropped_pairs), len(pairs), self.dropped_pairs[:8])
@@ -90,13 +101,16 @@ class GreenPartitions:
     def streams(self, infer_sms: int, ft_sms: int):
         """(decode stream, finetune stream or None) of a partition in `pairs`. The whole device, decode
         alone, is (None, None): decode stays on SGLang's own streams (stream_groups.py, group 0)."""
+        return self.decode_stream(infer_sms, ft_sms), self._finetune_stream(infer_sms, ft_sms)
+
+    def _group_runs(self, infer_sms: int, ft_sms: int) -> tuple[range, range] | None:
         if (infer_sms, ft_sms) not in self._runs:
             raise KeyError(f"partition ({infer_sms}, {ft_sms}) is not formed on this device; pick one of `pairs`")
-        runs = self._runs[(infer_sms, ft_sms)]
-        if runs is None:
-            return None, None
-        decode_groups, finetune_groups = runs
-        return self._stream_for(decode_groups), self._stream_for(finetune_groups) if ft_sms else None
+        return self._runs[(infer_sms, ft_sms)]
+
+    def _finetune_stream(self, infer_sms: int, ft_sms: int):
+        runs = self._group_runs(infer_sms, ft_sms)
+        return None if runs is None or not ft_sms else self._stream_for(runs[1])
 
     # The partition interface SpatialController uses (CorePartitions is the CPU form): a context per thread.
 
@@ -109,12 +123,15 @@ class GreenPartitions:
         return contextlib.nullcontext()
 
     def decode_stream(self, infer_sms: int, ft_sms: int):
-        return self.streams(infer_sms, ft_sms)[0]
+        """The partition's decode stream alone (its finetune context is not created: stream_groups.py makes
+        decode graphs for every formed partition of a profiling worker, ~136 finetune runs on an H100)."""
+        runs = self._group_runs(infer_sms, ft_sms)
+        return None if runs is None else self._stream_for(runs[0])
 
     def finetune_context(self, infer_sms: int, ft_sms: int):
         import torch
 
-        return torch.cuda.stream(self.streams(infer_sms, ft_sms)[1])
+        return torch.cuda.stream(self._finetune_stream(infer_sms, ft_sms))
 
     def whole_device_context(self):
         import torch

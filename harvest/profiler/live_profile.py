@@ -1,12 +1,14 @@
 """A live decode-latency profile: start a real worker, visit every sample point in shuffled passes, fit and
 write the two-stage profile (and, with a finetune YAML, the job's solo throughput measured afterwards).
 
-Live profiling covers CPU hosts. Without --co-run a CPU is one partition (the finetune job runs between
-decode steps), so the profile is solo-only plus the finetune job's solo throughput, measured after the
-worker has stopped so the two never share the cores. With --co-run the worker is spatial and pinned per
-visit (DecodeProfiler): solo on every core count with the job paused, and co-run with the job training
-on the other cores, whose co-run finetune rate the worker measures (SpatialController stats). Why visits are shuffled, re-queued when disturbed and reduced by
-their minimum: eval/README.md, "Live profiling on a shared host".
+One code path for both kinds of device (profiled_device.py: CPU core sets, or a GPU's SM partitions on
+green contexts). Without --co-run the device is one partition (the finetune job runs between decode steps),
+so the profile is solo-only plus the finetune job's solo throughput, measured after the worker has stopped
+so the two never share the device. With --co-run the worker is spatial and pinned per visit
+(DecodeProfiler, POST /harvest/partition): solo on every partition the device forms with the job paused,
+and co-run with the job training on the finetune side, whose co-run finetune rate the worker measures
+(SpatialController stats); then the job alone on each finetune side it co-ran on. Why visits are shuffled,
+re-queued when disturbed and reduced by their minimum: eval/README.md, "Live profiling on a shared host".
 """
 
 import os
@@ -42,7 +44,8 @@ class LiveProfileConfig:
     port: int = 30010
     admin_port: int = 30110
     co_run: bool = False
-    """Profile core partitions too: decode on some cores with the finetune job co-running on the others."""
+    """Profile the device's partitions too (cores of a CPU, SMs of a GPU): decode on some with the finetune job
+    co-running on others."""
 
 
 def median_visit(visits):
@@ -84,42 +87,45 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
     """Profile, write the profile and its samples, and return the run's summary."""
     from rich.progress import Progress
 
-    from base.cuda_driver import has_real_driver
     from base.errors import HarvestError
     from harvest.models import EMBEDDED_MODEL_PLACEHOLDER, resolve_model_path
     from harvest.profiler import DecodeProfiler
     from harvest.profiler.foreign_load import ForeignLoad
+    from harvest.profiler.profiled_device import local_device
     from harvest.worker.process import WorkerProcess
-    from predictor.partition_grid import PartitionGrid
+    from predictor.config import DEFAULT_CONFIG
     from predictor.profile import Profile
     from predictor.samples import write_samples
     from predictor.sampling_plan import SamplingPlan
 
-    if has_real_driver():
-        raise HarvestError("live profiling covers CPU hosts; on a GPU fit measured samples with `harvest predictor fit`")
     if config.finetune is not None and not Path(config.finetune).is_file():
         raise HarvestError(f"--finetune {config.finetune!r}: no such file")
-    num_cores = len(os.sched_getaffinity(0))
     if config.co_run and config.finetune is None:
         raise HarvestError("--co-run needs --finetune: the job that co-runs beside decode")
-    if config.co_run and num_cores < 2:
-        raise HarvestError(f"--co-run needs at least 2 cores to partition; this process may use {num_cores}")
+    device = local_device()
+    if config.co_run:
+        device.check_co_run()
     out = Path(config.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model_path(config.model_path)
-    # A co-run profile's "SMs" are cores (harvest/colocation/core_partitions.py).
-    grid = PartitionGrid(num_cores, 1) if config.co_run else PartitionGrid.from_name("cpu")
+    # A co-run profile's "SMs" are the device's partition units: SMs of a GPU, cores of a CPU host.
+    grid = device.grid(config.co_run)
     max_kv_tokens = config.max_batch_size * (config.max_seq_len + 64)
     plan = SamplingPlan(grid, config.max_batch_size, config.max_seq_len, max_kv_tokens=max_kv_tokens,
                         num_repeats=config.repeats, num_seq_levels=config.seq_levels,
                         num_held_out_per_partition=config.held_out)
+    points, dropped_partitions = device.measurable(plan.points(), config.co_run)
+    num_co_run_fit = sum(1 for p in points if p.ft_sms and not p.is_held_out)
+    if config.co_run and num_co_run_fit < DEFAULT_CONFIG.min_colo_samples:
+        # Known before any worker starts: the plan takes 2 lengths x up to 3 batch sizes per co-run pair.
+        raise HarvestError(f"--co-run: the plan has {num_co_run_fit} co-run shapes to fit and stage 2 needs >= "
+                           f"{DEFAULT_CONFIG.min_colo_samples}: raise --max-batch-size (>= 6 gives 3 batch sizes)")
     log_dir = Path(tempfile.mkdtemp(prefix="harvest-profile-"))
     worker = WorkerProcess(
         ["--model-path", str(model_path), "--max-running-requests", str(config.max_batch_size),
          # PD decode reserves room to grow each running request (num_reserved_decode_tokens, 512) on top.
          "--max-total-tokens", str(max_kv_tokens + 512 * config.max_batch_size + 1024),
-         # The overlap scheduler's step records span two forwards on a CPU (decode_profiler.py).
-         "--disable-overlap-schedule", *_co_run_flags(config, num_cores)],
+         *WORKER_FLAGS, *_co_run_flags(config, grid.num_sms)],
         config.port, config.admin_port, log_dir / "worker.log",
     )
     started = time.perf_counter()
@@ -135,7 +141,6 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
 
             with console.status("waiting for the finetune job to build ..."):
                 _wait_for_job(worker.admin_url)
-        points = plan.points()
         # Shuffled passes spread drift over fit and held-out points alike; a visit during which other
         # processes took CPU (ForeignLoad) is queued again for later. The largest shape runs first,
         # unrecorded, so allocator arenas and caches are warm.
@@ -171,8 +176,7 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
         for point in points:
             (held_out if point.is_held_out else fit).append(pick(measured[point]))
         if config.co_run:
-            co_run_rates = {int(k.split(",")[1]): v for k, v in
-                            read_stats(worker.admin_url)["colocation"]["co_run"].items() if v["tokens_per_s"]}
+            co_run_rates = co_run_rates_by_ft(read_stats(worker.admin_url)["colocation"]["co_run"])
     finally:
         worker.stop()
     finetune = None
@@ -181,11 +185,11 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
         from harvest.profiler.finetune_profiler import FinetuneProfiler
 
         with console.status(f"measuring the finetune job alone ({config.finetune}) ..."):
-            finetune = FinetuneProfiler(config.finetune, config.finetune_steps, config.finetune_max_unit_ms).measure(
-                grid.num_sms)
+            finetune = FinetuneProfiler(config.finetune, config.finetune_steps, config.finetune_max_unit_ms,
+                                        device.finetune_device).measure(grid.num_sms)
         throughput = (finetune.throughput,)
         if config.co_run:
-            throughput = _co_run_throughput(config, grid, co_run_rates, console) + throughput
+            throughput = _co_run_throughput(config, device, co_run_rates, console) + throughput
     samples_path = out.with_suffix(".samples.csv")
     held_out_path = out.with_suffix(".held_out.csv")
     write_samples(samples_path, fit)
@@ -195,7 +199,7 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
         write_samples(path.with_suffix(".visits.csv"),
                       [v for p in points if p.is_held_out == is_held_out for v in measured[p]])
     is_embedded = config.model_path in (None, EMBEDDED_MODEL_PLACEHOLDER)
-    profile = Profile.build(fit, grid, device_name=cpu_model_name(),
+    profile = Profile.build(fit, grid, device_name=device.name,
                             model=EMBEDDED_MODEL_PLACEHOLDER if is_embedded else recorded_path(model_path),
                             finetune_config_id=recorded_path(config.finetune) if config.finetune else "none",
                             samples_path=recorded_path(samples_path), held_out=held_out,
@@ -205,6 +209,9 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
     summary = {
         "profile": str(out),
         "host": {"cpu": cpu_model_name(), "num_cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)},
+        "device": device.name,
+        "grid": str(grid),
+        "dropped_partitions": [list(p) for p in dropped_partitions],
         "num_fit_samples": len(fit),
         "num_held_out_samples": len(held_out),
         "num_visits": len(foreign_cores),
@@ -225,17 +232,33 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
     return summary
 
 
+WORKER_FLAGS = (
+    # Both schedules would mis-time or mis-pair steps: on a CPU the overlap scheduler's step records span two
+    # forwards (decode_profiler.py); on a GPU it launches step n+1 (the controller's before_step) before
+    # step n's result is processed (after_step), which takes back the co-run units just handed to n+1 and
+    # charges n's co-run to n+1's partition (controller.py pairs before_step(n) with after_step(n)).
+    "--disable-overlap-schedule",
+    # A lone decode worker: its requests come pre-filled (prefilled_request), no prefill worker sends KV, so no
+    # transfer engine is started. harvest serve adds this on a CPU host by itself (launcher.py), not on a GPU,
+    # where a PD deployment's transfer engine moves real KV.
+    "--disaggregation-transfer-backend", "fake",
+    # Token ids in, token ids out: no grammar to build (the GPU bundle leaves xgrammar out, bundle_builder.py).
+    "--grammar-backend", "none",
+)
+
 CO_RUN_UNIT_MS = 20.0
 """Unit bound of a co-run profile when --finetune-max-unit-ms is not given: the co-run rate depends on it."""
 
 
-def _co_run_flags(config: LiveProfileConfig, num_cores: int) -> list[str]:
-    """A spatial worker pinned per visit (DecodeProfiler._pin); a 1 ms target leaves no temporal slice,
-    so only co-run units run beside the measured steps; no KV lending, so the pool is the solo one's."""
+def _co_run_flags(config: LiveProfileConfig, num_units: int) -> list[str]:
+    """A spatial worker pinned per visit (DecodeProfiler._pin), starting on the whole device; without a
+    profile it forms every partition its device forms (runtime._spatial_partitions). A 1 ms target leaves no
+    temporal slice, so only co-run units run beside the measured steps; no KV lending, so the pool is the
+    solo one's."""
     if not config.co_run:
         return []
     unit_ms = config.finetune_max_unit_ms or CO_RUN_UNIT_MS
-    return ["--finetune", str(config.finetune), "--tpot-slo-ms", "1", "--pin-partition", f"{num_cores},0",
+    return ["--finetune", str(config.finetune), "--tpot-slo-ms", "1", "--pin-partition", f"{num_units},0",
             "--no-kv-lending", "--finetune-max-unit-ms", str(unit_ms)]
 
 
@@ -254,20 +277,29 @@ def _wait_for_job(admin_url: str, timeout_s: float = 600.0) -> None:
     raise HarvestError(f"the finetune job was not built within {timeout_s:.0f} s")
 
 
-def _co_run_throughput(config: LiveProfileConfig, grid, co_run_rates: dict, console) -> tuple:
-    """Per finetune core count: its solo rate (the job alone, pinned to those cores) and the co-run rate the
-    worker measured beside decode."""
-    from harvest.colocation.core_partitions import CorePartitions
+def co_run_rates_by_ft(co_run_stats: dict) -> dict[int, float]:
+    """Co-run finetune tokens/s per finetune partition size, from the worker's per-partition totals
+    (SpatialController.stats()["co_run"]: "infer,ft" -> tokens, ms). A profile keeps one rate per ft_sms
+    (FinetuneThroughput), so partitions with the same finetune side and different decode sides pool their
+    tokens and time; a partition that trained nothing (the job was paused there: solo visits) adds none."""
+    totals: dict[int, list[float]] = {}
+    for key, row in co_run_stats.items():
+        if row["tokens"] and row["ms"]:
+            total = totals.setdefault(int(key.split(",")[1]), [0.0, 0.0])
+            total[0] += row["tokens"]
+            total[1] += row["ms"]
+    return {ft: tokens / ms * 1e3 for ft, (tokens, ms) in sorted(totals.items())}
+
+
+def _co_run_throughput(config: LiveProfileConfig, device, co_run_rates: dict[int, float], console) -> tuple:
+    """Per finetune partition size the job co-ran on: its solo rate (the job alone on those units) and the
+    co-run rate the worker measured beside decode."""
     from harvest.profiler.finetune_profiler import FinetuneProfiler
     from predictor.finetune_throughput import FinetuneThroughput
 
-    partitions = CorePartitions([])
-    rows = []
-    for ft_cores, co_run in sorted(co_run_rates.items()):
-        with console.status(f"measuring the finetune job alone on {ft_cores} cores ..."), \
-                partitions.finetune_context(grid.num_sms - ft_cores, ft_cores):
-            solo = FinetuneProfiler(config.finetune, config.finetune_steps,
-                                    config.finetune_max_unit_ms or CO_RUN_UNIT_MS).measure(ft_cores).throughput
-        rows.append(FinetuneThroughput(ft_cores, solo.tokens_per_s_solo, co_run["tokens_per_s"], solo.unit_ms,
-                                       solo.samples_per_s_solo))
-    return tuple(rows)
+    contexts = {ft: (lambda ft=ft: device.finetune_context(ft)) for ft in co_run_rates}
+    with console.status(f"measuring the finetune job alone on {len(contexts)} finetune partitions ..."):
+        solo = FinetuneProfiler(config.finetune, config.finetune_steps, config.finetune_max_unit_ms or CO_RUN_UNIT_MS,
+                                device.finetune_device).measure_partitions(contexts)
+    return tuple(FinetuneThroughput(ft, solo[ft].throughput.tokens_per_s_solo, rate, solo[ft].throughput.unit_ms,
+                                    solo[ft].throughput.samples_per_s_solo) for ft, rate in co_run_rates.items())

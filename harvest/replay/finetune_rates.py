@@ -16,12 +16,16 @@ class FinetuneRates:
     ft_sms: tuple[int, ...]
     solo_tokens_per_s: tuple[float, ...]
     colo_tokens_per_s: tuple[float, ...] | None
-    """None when the profile measured no co-run (a CPU: finetune only runs between decode steps)."""
+    """At colo_ft_sms; None when the profile measured no co-run (one partition: finetune only runs between
+    decode steps)."""
     unit_ms: float
     """Mean finetune scheduling unit at the whole device: temporal sharing inserts whole units."""
     samples_per_token: float | None
     """Training samples per trained token, as the profiler measured them on the whole device (its samples/s
     over its tokens/s: optimizer steps x samples per step); None when the profile did not record samples."""
+    colo_ft_sms: tuple[int, ...] = ()
+    """The finetune partitions a co-run rate was measured on: a measured co-run profile has none for the
+    whole device (nothing decodes beside it there), only the solo rate."""
 
     @classmethod
     def from_profile(cls, profile: Profile) -> "FinetuneRates":
@@ -31,15 +35,16 @@ class FinetuneRates:
                 f"profile of {profile.device_name} has no finetune_throughput section: the simulator needs the "
                 "finetune speed the profiler measured (re-run `harvest profile` with a finetune job)"
             )
-        has_colo = all(t.tokens_per_s_colo is not None for t in entries)
+        co_run = [t for t in entries if t.tokens_per_s_colo is not None]
         return cls(
             profile.num_sms,
             tuple(t.ft_sms for t in entries),
             tuple(t.tokens_per_s_solo for t in entries),
-            tuple(t.tokens_per_s_colo for t in entries) if has_colo else None,
+            tuple(t.tokens_per_s_colo for t in co_run) if co_run else None,
             entries[-1].unit_ms,
             None if entries[-1].samples_per_s_solo is None
             else entries[-1].samples_per_s_solo / entries[-1].tokens_per_s_solo,
+            tuple(t.ft_sms for t in co_run),
         )
 
     def solo(self, ft_sms: int) -> float:
@@ -50,7 +55,7 @@ class FinetuneRates:
         """Tokens/s on `ft_sms` SMs beside decode."""
         if self.colo_tokens_per_s is None:
             raise HarvestError("this profile measured no co-run finetune throughput (a temporal-only device)")
-        return float(np.interp(ft_sms, (0, *self.ft_sms), (0.0, *self.colo_tokens_per_s)))
+        return float(np.interp(ft_sms, (0, *self.colo_ft_sms), (0.0, *self.colo_tokens_per_s)))
 
     @property
     def whole_device_tokens_per_s(self) -> float:

@@ -69,7 +69,9 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         model_runner = graph_runner.model_runner
         partitions = None if model_runner.is_draft_worker else runtime.green_partitions(model_runner.gpu_id)
         if partitions is not None:
-            groups = StreamGroups(partitions, runtime.co_run_pairs)
+            # Every partition formed, solo ones too: decode may be pinned to any (admin API, profiling), and a
+            # step on a decode stream with no graphs captured on it would find none (StreamGroups.index_of).
+            groups = StreamGroups(partitions, partitions.pairs)
             groups.install(model_runner.gpu_id)
             model_runner.decode_attn_backend_group = [model_runner._get_attention_backend()
                                                       for _ in range(groups.num_groups)]

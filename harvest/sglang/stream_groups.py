@@ -23,7 +23,7 @@ class StreamGroups:
         self._index: dict[object, int] = {}            # decode stream -> its group
         self.decode_sms = [self.num_sms]                # per group: the SMs decode runs on
         for infer_sms, ft_sms in sorted(pairs):
-            decode_stream, _ = partitions.streams(infer_sms, ft_sms)
+            decode_stream = partitions.decode_stream(infer_sms, ft_sms)
             if decode_stream is None or decode_stream in self._index:
                 continue
             self._index[decode_stream] = len(self.decode_sms)
