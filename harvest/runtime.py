@@ -34,6 +34,9 @@ class HarvestRuntime:
         self._admin_server = None
         self.publisher = None
         """An AdapterPublisher into this worker (harvest.sglang.hooks sets it when the job publishes)."""
+        self.served_weights = None
+        """The served model's resident weights (harvest.sglang.hooks sets it): a job on the same model
+        computes on them in place."""
 
     @property
     def job(self):
@@ -79,7 +82,8 @@ class HarvestRuntime:
         device_index: the worker's CUDA device (SGLang's gpu_id)."""
         if self.config.finetune is not None:
             partitions = self.spatial_partitions(device_index)
-            self.controller = _build_controller(self.config, self.profile, partitions, self.lender, device_index)
+            self.controller = _build_controller(self.config, self.profile, partitions, self.lender, device_index,
+                                                self.served_weights)
             self.job.publisher = self.publisher
             self.job.start()
         if serve_admin:
@@ -213,7 +217,7 @@ def is_core_profile(profile) -> bool:
     return profile.device_name.startswith("CPU")
 
 
-def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0):
+def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0, served_weights=None):
     """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
     measured time, so no prediction can be wrong (stats say so). device_index: the worker's CUDA device,
     named in the job's device (a bare "cuda" means device 0 in the spatial unit thread, whatever SGLang set)."""
@@ -233,7 +237,8 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
         # the device is idle and finetuning) takes effect within one step.
         max_unit_ms = config.tpot_slo_ms / 4 if planner is None else planner.shortest_step_ms
         finetune_config = dataclasses.replace(finetune_config, max_unit_ms=max_unit_ms)
-    job = FinetuneJob(finetune_config, weight_memory=None if lender is None else lender.weight_memory)
+    job = FinetuneJob(finetune_config, weight_memory=None if lender is None else lender.weight_memory,
+                      served_weights=served_weights)
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
     if planner is None and partitions is None:
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from base.errors import HarvestError
-from harvest.colocation.finetune_job import FinetuneJob, _build_engine
+from harvest.colocation.finetune_job import HELD_MEMORY_STATS, FinetuneJob, _build_engine
 from harvest.finetune import FinetuneConfig
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
@@ -46,7 +46,7 @@ def test_failure_mid_run_is_contained(tmp_path):
     assert job.state.value == "failed" and "injected finetune fault" in job.error
     assert job.engine is None  # its memory is released
     job.poll()
-    assert not {"window", "resident_layers", "resident_bytes"} & job.stats().keys(), "stats report released memory"
+    assert not set(HELD_MEMORY_STATS) & job.stats().keys(), "stats report released memory"
     assert not job.has_ready_work()
     with pytest.raises(HarvestError, match="failed"):
         job.resume()

@@ -28,3 +28,8 @@ def test_bench_tiny_reports_both_engines_and_identical_losses():
     window = result["harvest_window1"]
     # Shrinking a 1-layer window frees that layer's frozen weights, host-side, well within one decode step.
     assert window["shrink_freed_bytes"] > 0 and 0 < window["shrink_ms"] < 1000
+    copy, shared = result["base_weights"]["copy"], result["base_weights"]["shared"]
+    assert copy["mode"] == "copy" and shared["mode"] == "shared", shared["reason"]
+    # With its own copy the job holds every frozen weight once (host copies) and its resident layers again.
+    assert copy["frozen_bytes"] > shared["bytes_saved"] > 0 and shared["frozen_bytes"] == 0
+    assert copy["trainable_bytes"] == shared["trainable_bytes"] > 0

@@ -34,6 +34,10 @@ class HarvestMetrics:
         self.finetune_state = Gauge("harvest_finetune_state", "1 for the finetune job's current state",
                                     ["state"], registry=r)
         self.finetune_window = Gauge("harvest_finetune_window_layers", "Resident frozen-weight layers", registry=r)
+        self.base_weights_mode = Gauge("harvest_finetune_base_weights_mode", "1 for the base weights the job "
+                                       "computes with: shared (the served model's) or copy", ["mode"], registry=r)
+        self.base_weights_bytes_saved = Gauge("harvest_finetune_base_weights_bytes_saved", "Frozen-weight bytes "
+                                              "the job holds no copy of (shared mode)", registry=r)
         self.split_sms = Gauge("harvest_split_sms", "SMs given to each task by the last decision", ["task"],
                                registry=r)
         self.published_version = Gauge("harvest_published_version", "Version of the adapter being trained that "
@@ -60,6 +64,11 @@ class HarvestMetrics:
             self.finetune_loss.set(job_stats["loss"])
         if job_stats.get("window") is not None:
             self.finetune_window.set(job_stats["window"])
+        base_weights = job_stats.get("base_weights")
+        if base_weights is not None:
+            for mode in ("shared", "copy"):
+                self.base_weights_mode.labels(mode).set(1 if base_weights["mode"] == mode else 0)
+            self.base_weights_bytes_saved.set(base_weights["bytes_saved"])
         published = job_stats.get("published")
         if published is not None:
             self.published_version.set(published["version"])

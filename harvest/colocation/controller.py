@@ -216,6 +216,11 @@ class Controller:
         if self.lender is None:
             return False
         engine = self.job.engine if self.job.is_active else None
+        if engine is not None and engine.is_shared:
+            # The job computes on the served weights: no window, so nothing to lend KV chunks to; reclaim
+            # still runs (it finds nothing lent).
+            self.lender.note_nothing_to_lend("the job computes on the served weights (shared mode): no window")
+            engine = None
         if engine is not self.lender.engine:
             if engine is None:
                 self.lender.detach_engine()

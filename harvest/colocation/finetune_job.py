@@ -32,17 +32,20 @@ class FinetuneState(str, Enum):
 
 ACTIVE_PHASES = (FinetuneState.RUNNING, FinetuneState.STARVED, FinetuneState.WAITING)
 ENDED_PHASES = (FinetuneState.STOPPED, FinetuneState.FAILED, FinetuneState.FINISHED)
-HELD_MEMORY_STATS = ("window", "resident_layers", "resident_bytes")
+HELD_MEMORY_STATS = ("window", "resident_layers", "resident_bytes", "frozen_bytes")
 
 
 class FinetuneJob:
     STARVED_AFTER_S = 2.0
 
-    def __init__(self, config: FinetuneConfig, engine_factory=None, weight_memory=None):
+    def __init__(self, config: FinetuneConfig, engine_factory=None, weight_memory=None, served_weights=None):
         """`weight_memory`: where the engine's resident frozen weights live (KV chunks lent by the worker's
-        unified allocator); None: torch's allocator."""
+        unified allocator); None: torch's allocator. `served_weights`: the worker's resident weights
+        (harvest.finetune.base_weights.ServedWeights), computed on in place when the job's base model is the
+        served model."""
         self.config = config
-        self._engine_factory = engine_factory or functools.partial(_build_engine, weight_memory=weight_memory)
+        self._engine_factory = engine_factory or functools.partial(_build_engine, weight_memory=weight_memory,
+                                                                   served_weights=served_weights)
         self.engine = None
         # The phase is set by the scheduler thread only; pausing is a separate flag the admin thread sets,
         # so neither overwrites the other (state combines them).
@@ -291,8 +294,8 @@ class FinetuneJob:
             torch.cuda.empty_cache()
 
 
-def _build_engine(config: FinetuneConfig, weight_memory=None):
+def _build_engine(config: FinetuneConfig, weight_memory=None, served_weights=None):
     from harvest.finetune import FinetuneEngine
 
     return FinetuneEngine.from_yaml(config.yaml_path, config=config, model_path=config.model_path,
-                                    weight_memory=weight_memory)
+                                    weight_memory=weight_memory, served_weights=served_weights)

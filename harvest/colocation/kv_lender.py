@@ -27,6 +27,7 @@ class KvLender:
         self.max_window_layers = 0
         self.num_grows = 0
         self.last_rebalance_ms = 0.0
+        self.lends_to = "nothing: no job built yet"
         self._stats = self._fresh_stats()
         self._stats_s = time.monotonic()
 
@@ -38,13 +39,22 @@ class KvLender:
         """The finetune engine is built: reclaim may shrink its window; growth stops at max_window_layers."""
         self.engine = engine
         self.max_window_layers = max_window_layers
+        self.lends_to = "the job's weight window"
         self.allocator.set_reclaim_callback(engine.shrink_window)
 
     def detach_engine(self) -> None:
         """The job failed or ended: its memory is gone, lent chunks go back to KV."""
         self.engine = None
+        self.lends_to = "nothing: the job ended"
         self.allocator.set_reclaim_callback(lambda: False)
         self.allocator.return_idle_chunks()
+
+    def note_nothing_to_lend(self, reason: str) -> None:
+        """The job has no window (it computes on the served weights): the lender lends nothing, says why."""
+        note = f"nothing: {reason}"
+        if note != self.lends_to:
+            self.lends_to = note
+            self._stats, self._stats_s = self._fresh_stats(), time.monotonic()
 
     def rebalance(self, kv_demand_slots: int, can_grow: bool) -> bool:
         """Once per decode step and idle loop; True if it reclaimed or grew (its time is the finetune's)."""
@@ -75,5 +85,5 @@ class KvLender:
         return self._stats
 
     def _fresh_stats(self) -> dict:
-        return {**self.allocator.stats(), "num_window_grows": self.num_grows,
+        return {**self.allocator.stats(), "lends_to": self.lends_to, "num_window_grows": self.num_grows,
                 "last_rebalance_ms": round(self.last_rebalance_ms, 3)}

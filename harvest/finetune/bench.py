@@ -4,8 +4,9 @@ Both train the same YAML in this process (LlamaFactory through `run_exp`, what i
 steady state: non-padding tokens of steps 2..N over the summed wall time of those steps (the data order is
 identical, so both process the same tokens). A step's time is a whole loop iteration for both: batch
 loading and collation, forward/backward, optimizer, logging. Also measured: harvest with a window of one
-layer (swapping every layer every pass), how fast shrinking the window returns memory, and the largest
-relative loss difference to LlamaFactory.
+layer (swapping every layer every pass), how fast shrinking the window returns memory, the largest
+relative loss difference to LlamaFactory, and the bytes the job holds with a copy of the base weights vs
+computing on the served ones (`base_weights`).
 """
 
 import argparse
@@ -27,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=DEFAULT_STEPS, help=f"steps per run (default {DEFAULT_STEPS})")
     parser.add_argument("--device", default="cpu", help="device for harvest's units (LlamaFactory picks its own)")
     parser.add_argument("--no-window-run", action="store_true", help="skip the window-of-one-layer run")
+    parser.add_argument("--no-base-weights-run", action="store_true",
+                        help="skip the base-weights memory rows (copy vs shared)")
     parser.add_argument("--num-threads", type=int, help="torch CPU threads for both (steadier on a shared host)")
     parser.add_argument(
         "--repeats", type=int, default=1, help="alternate the runs this many times; each step keeps its fastest time"
@@ -86,6 +89,9 @@ def _bench(args: argparse.Namespace, work_dir: Path) -> dict:
         "harvest": _versus(harvest, lf_step_s, tokens),
         "max_loss_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(harvest["losses"], lf_losses)),
     }
+    if not args.no_base_weights_run:
+        with contextlib.redirect_stdout(sys.stderr):
+            result["base_weights"] = _base_weights_memory(job.raw, args.device)
     if windowed is not None:
         result["harvest_window1"] = {
             **_versus(windowed, lf_step_s, tokens),
@@ -160,3 +166,49 @@ def _run_harvest(raw: dict, device: str, num_window_layers: int | None) -> dict:
     result["shrink_ms"] = (time.perf_counter() - started) * 1e3
     result["shrink_freed_bytes"] = resident_before - engine.stats()["resident_bytes"]
     return result
+
+
+def _base_weights_memory(raw: dict, device: str) -> dict:
+    """Bytes the job holds after one step, with its own copy of the base weights (all layers resident) and on
+    served ones. No worker runs here: the served tensors are the checkpoint's, loaded by name in the job's dtype
+    on its device (what a worker started with `--dtype` of the job's holds; harvest.sglang.served_weights hands
+    a real worker's over, tests/test_finetune_shared_weights.py)."""
+    from harvest.finetune import FinetuneConfig, FinetuneEngine
+    from harvest.finetune.base_weights import ServedWeights
+    from harvest.finetune.llamafactory_args import LlamaFactoryArgs
+
+    model_dir = raw["model_name_or_path"]
+    rows, served, dtype = {}, None, None
+    for mode in ("copy", "shared"):
+        job = LlamaFactoryArgs.from_dict({**raw, "output_dir": raw["output_dir"] + f"-{mode}"})
+        if mode == "shared":
+            served = ServedWeights(_checkpoint_tensors(model_dir, dtype, device), None)
+        engine = FinetuneEngine(job, FinetuneConfig(device=device, served_model_path=model_dir), served_weights=served)
+        engine.run_step()
+        dtype = next(p.dtype for p in engine.peft_model.parameters() if not p.requires_grad)
+        rows[mode] = {"mode": engine.base_weights["mode"], "reason": engine.base_weights["reason"],
+                      "frozen_bytes": engine.frozen_bytes(), "trainable_bytes": _trainable_bytes(engine),
+                      "bytes_saved": engine.base_weights["bytes_saved"]}
+        del engine
+    return rows
+
+
+def _checkpoint_tensors(model_dir: str, dtype, device: str) -> dict:
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        tensors.update({name: t.to(device=device, dtype=dtype) for name, t in load_file(path).items()})
+    return tensors
+
+
+def _trainable_bytes(engine) -> int:
+    """LoRA parameters, their gradients where held, and the optimizer's state."""
+    import torch
+
+    params = [p for p in engine.peft_model.parameters() if p.requires_grad]
+    held = sum(p.numel() * p.element_size() for p in params)
+    held += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    for state in engine.optimizer.state.values():
+        held += sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
+    return held

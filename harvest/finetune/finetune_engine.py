@@ -2,7 +2,9 @@
 
 LlamaFactory builds everything (tokenizer, template, dataset, PEFT model, collator) and a LlamaFactory
 trainer object supplies the Trainer's own data order, optimizer, LR schedule and step count; harvest only
-replaces the training loop: `next unit -> run it`, with a window of resident layers between units.
+replaces the training loop: `next unit -> run it`, with a window of resident layers between units, or,
+when the job's base model is the worker's served model, on the served weights in place (shared mode: no
+copy, no window; harvest.finetune.base_weights).
 """
 
 import time
@@ -13,12 +15,13 @@ from typing import Any
 import torch
 
 from base.errors import HarvestError
-from harvest.finetune.base_weights import base_weight_mode
+from harvest.finetune.base_weights import ServedWeights, base_weight_mode
 from harvest.finetune.checkpoint_store import CheckpointStore
 from harvest.finetune.decoder_units import DecoderUnits, global_rng_state
 from harvest.finetune.finetune_config import FinetuneConfig
 from harvest.finetune.layer_swapper import LayerSwapper
 from harvest.finetune.llamafactory_args import LlamaFactoryArgs
+from harvest.finetune.served_layers import ServedLayers
 from harvest.finetune.step_log import StepLog
 from harvest.finetune.step_queue import StepQueue, Unit
 from harvest.finetune.training_setup import TrainingSetup
@@ -53,9 +56,11 @@ class UnitResult:
 
 class FinetuneEngine:
     def __init__(self, llamafactory: LlamaFactoryArgs, config: FinetuneConfig | None = None,
-                 weight_memory: WeightMemory | None = None) -> None:
+                 weight_memory: WeightMemory | None = None, served_weights: ServedWeights | None = None) -> None:
         """`weight_memory` holds the resident window's frozen weights (default: torch's allocator). It is
-        used only by the thread that runs units and resizes the window, never during construction."""
+        used only by the thread that runs units and resizes the window, never during construction.
+        `served_weights`: the worker's resident weights, computed on in place if the job's base model is the
+        served model (config.served_model_path); the window and weight_memory then go unused."""
         config = config or FinetuneConfig()
         self.llamafactory = llamafactory
         self.config = config
@@ -68,11 +73,10 @@ class FinetuneEngine:
                     "pass --resume to continue it or set overwrite_output_dir: true"
                 )
             self._store.remove_all()
-        self.base_weights = base_weight_mode(llamafactory.raw["model_name_or_path"], config.served_model_path)
-        self._build(llamafactory, weight_memory)
+        self._build(llamafactory, weight_memory, served_weights)
         self._policy = WindowPolicy(self.units.num_layers)
         self._num_window_layers = self.units.num_layers
-        if config.num_window_layers is not None:
+        if config.num_window_layers is not None and not self.is_shared:
             self._num_window_layers = min(config.num_window_layers, self.units.num_layers)
         self._sizer = UnitSizer(config.max_unit_ms, config.max_slice_rows)
         self._queue = StepQueue(self.setup, self._sizer, self.device, self.units.num_layers)
@@ -98,10 +102,16 @@ class FinetuneEngine:
         config: FinetuneConfig | None = None,
         model_path: str | None = None,
         weight_memory: WeightMemory | None = None,
+        served_weights: ServedWeights | None = None,
     ) -> "FinetuneEngine":
-        return cls(LlamaFactoryArgs.from_yaml(path, overrides, model_path), config, weight_memory)
+        return cls(LlamaFactoryArgs.from_yaml(path, overrides, model_path), config, weight_memory, served_weights)
 
     # ---- public API for the co-location scheduler ----
+
+    @property
+    def is_shared(self) -> bool:
+        """Computing on the served model's weights in place: there is no window to resize or lend memory to."""
+        return self.base_weights["mode"] == "shared"
 
     @property
     def is_finished(self) -> bool:
@@ -201,6 +211,8 @@ class FinetuneEngine:
         frees the evicted layers' storage at once. A window of 0 holds nothing; units wait for a larger one."""
         if not 0 <= num_layers <= self.units.num_layers:
             raise ValueError(f"num_layers must be in [0, {self.units.num_layers}], got {num_layers}")
+        if self.is_shared:
+            return  # every layer is the served model's, resident whatever the window
         self._num_window_layers = num_layers
         self._apply_window()
 
@@ -208,7 +220,7 @@ class FinetuneEngine:
         """Evict the resident layer needed last and lower the window to the layers still resident, fetching
         nothing: its memory is returned at once (the allocator's reclaim callback). False if none is resident."""
         num_resident = self._swapper.num_resident_layers
-        if num_resident == 0:
+        if num_resident == 0 or self.is_shared:
             return False
         self._num_window_layers = num_resident - 1
         by_next_use = self._policy.target_layers(self._queue.upcoming_layer_ids(), self.units.num_layers)
@@ -223,6 +235,18 @@ class FinetuneEngine:
 
     def window_bytes(self, num_layers: int) -> int:
         return self._swapper.window_bytes(num_layers)
+
+    def frozen_bytes(self) -> int:
+        """Bytes of frozen weights the job holds itself, measured over its tensors: its layers' host copies, its
+        resident window and the weights outside the layers (embeddings, norms, head); storage that is the
+        served model's counts nothing."""
+        storages = {}
+        for param in self.peft_model.parameters():
+            if not param.requires_grad:
+                storage = param.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        held = sum(nbytes for ptr, nbytes in storages.items() if ptr not in self._served_storage_ptrs)
+        return held + self._swapper.host_bytes()
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the state as of the last completed step (a step in progress is redone on resume)."""
@@ -258,14 +282,18 @@ class FinetuneEngine:
             "num_layers": self.units.num_layers,
             "resident_layers": self._swapper.num_resident_layers,
             "resident_bytes": self._swapper.resident_bytes(),
+            "frozen_bytes": self.frozen_bytes(),
             "base_weights": self.base_weights,
             "state": state,
         }
 
     # ---- construction ----
 
-    def _build(self, llamafactory: LlamaFactoryArgs, weight_memory: WeightMemory | None) -> None:
+    def _build(self, llamafactory: LlamaFactoryArgs, weight_memory: WeightMemory | None,
+               served_weights: ServedWeights | None) -> None:
         setup = TrainingSetup.build(llamafactory)
+        self.base_weights = base_weight_mode(llamafactory.raw["model_name_or_path"], self.config.served_model_path,
+                                             served_weights, setup.peft_model, self.device)
         self.setup = setup
         self.peft_model = setup.peft_model
         self.tokenizer = setup.tokenizer
@@ -280,7 +308,12 @@ class FinetuneEngine:
         self.units = DecoderUnits(setup.peft_model, self.device, setup.autocast_dtype, self.generator)
         for module in self.units.non_layer_modules():
             module.to(self.device)
-        self._swapper = LayerSwapper(self.units.layers, self.device, weight_memory)
+        self._served_storage_ptrs = set()
+        if self.is_shared:
+            self._served_storage_ptrs = {t.untyped_storage().data_ptr() for t in served_weights.tensors.values()}
+            self._swapper = ServedLayers(self.units.layers, self.device)
+        else:
+            self._swapper = LayerSwapper(self.units.layers, self.device, weight_memory)
 
     # ---- the step ----
 

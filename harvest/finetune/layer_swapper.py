@@ -69,6 +69,10 @@ class LayerSwapper:
         sizes = sorted((self.layer_bytes(i) for i in range(self.num_layers)), reverse=True)
         return sum(sizes[:num_layers])
 
+    def host_bytes(self) -> int:
+        """The host copies of every layer's frozen weights (the job's own copy of the base model's layers)."""
+        return sum(self.layer_bytes(i) for i in range(self.num_layers))
+
     def resident_bytes(self) -> int:
         return sum(self.layer_bytes(i) for i in self._ready_events)
 

@@ -6,7 +6,8 @@ SGLang's own plugin hook registry. No SGLang source is edited.
 
 Hooked (the SGLang of version.py: disaggregation/decode.py event loops, model_runner_kv_cache_mixin.py):
   ModelRunner._init_pools         AROUND  KV pool over the unified allocator's chunks, chunk-aware slots
-  Scheduler.get_init_info         AFTER   scheduler built: start the finetune job and the admin server
+  Scheduler.get_init_info         AFTER   scheduler built: hand the job the served weights (served_weights.py),
+                                          start the finetune job and the admin server
   CudaGraphRunner.maybe_init_pdmux AROUND  spatial mode: decode graphs captured per partition stream
   Scheduler.run_batch             AROUND  a decode step: plan it, note its shape and start time, run it on
                                           its partition's stream (step_streams.py)
@@ -125,6 +126,10 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
             args = scheduler.server_args
             host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
             runtime.publisher = AdapterPublisher(f"http://{host}:{args.port}", publishing.name)
+        if runtime.config.finetune is not None:
+            from harvest.sglang.served_weights import served_weights
+
+            runtime.served_weights = served_weights(scheduler.tp_worker.model_runner)
         runtime.start(serve_admin, scheduler.gpu_id)
         return result
 
