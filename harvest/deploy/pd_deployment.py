@@ -87,15 +87,19 @@ def free_deploy_ports() -> list[int]:
 
 def prefill_lora_flags(serve_args: tuple[str, ...], is_cpu_host: bool) -> tuple[str, ...]:
     """The job's LoRA flags for the prefill worker when the decode worker's job publishes its adapter (a
-    request naming it is prefilled with it), none otherwise; a bad job is refused here, before any start."""
+    request naming it is prefilled with it), none otherwise. A job that does not parse gives none: `harvest
+    serve` names its problem and the deployment stops."""
     job_path = flag_value(list(serve_args), "--finetune")
     if job_path is None:
         return ()
     from harvest.finetune.llamafactory_args import LlamaFactoryArgs
     from harvest.sglang.lora_flags import lora_flags_for
 
-    job = LlamaFactoryArgs.from_yaml(job_path)
-    return () if job.publishing is None else tuple(lora_flags_for(job, [], is_cpu_host))
+    try:
+        job = LlamaFactoryArgs.from_yaml(job_path)
+        return () if job.publishing is None else tuple(lora_flags_for(job, [], is_cpu_host))
+    except HarvestError:
+        return ()
 
 
 class PDDeployment:

@@ -111,18 +111,27 @@ class AdapterPublisher:
     def _load(self, item: _Version) -> None:
         with httpx.Client(timeout=self._timeout_s) as client:
             for url in self.worker_urls:
-                # Serialized per worker: a shared-memory handle is handed over once. A name already loaded
-                # is replaced atomically there (lora_replace.py).
-                _check(client.post(f"{url}/load_lora_adapter_from_tensors", json=_payload(self.name, item)),
-                       "load", url)
+                # A name already loaded is replaced atomically there (lora_replace.py).
+                payload = _payload(self.name, item, by_handle=url == self.worker_urls[-1])
+                _check(client.post(f"{url}/load_lora_adapter_from_tensors", json=payload), "load", url)
 
 
-def _payload(name: str, item: _Version) -> dict:
-    """SGLang's /load_lora_adapter_from_tensors body: its own serializer (tensors by shared-memory handle)."""
+def _payload(name: str, item: _Version, by_handle: bool) -> dict:
+    """SGLang's /load_lora_adapter_from_tensors body. `by_handle`: this worker, SGLang's own serializer
+    (tensors by shared-memory handle; serialized per load, a handle is handed over once). Another worker
+    (a prefill worker) is another process tree, whose multiprocessing authkey differs, so it cannot take a
+    handle ("digest sent was rejected", and its scheduler dies): the tensors go by value, plain pickle, which
+    SGLang's deserializer reads too."""
+    import base64
+    import pickle
+
     from sglang.srt.utils.common import MultiprocessingSerializer
 
-    return {"lora_name": name, "config_dict": item.config_dict,
-            "serialized_tensors": MultiprocessingSerializer.serialize(item.tensors, output_str=True)}
+    if by_handle:
+        tensors = MultiprocessingSerializer.serialize(item.tensors, output_str=True)
+    else:
+        tensors = base64.b64encode(pickle.dumps(item.tensors)).decode("ascii")
+    return {"lora_name": name, "config_dict": item.config_dict, "serialized_tensors": tensors}
 
 
 def _check(response: httpx.Response, verb: str, url: str) -> None:
