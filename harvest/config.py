@@ -46,6 +46,9 @@ class ServeConfig:
     """Mapping granularity of the KV pool (`--kv-block-kib`): 2 MiB on CUDA; host pages allow smaller."""
     pinned_partition: tuple[int, int] | None = None
     """Spatial co-location on this one (infer, ft) partition every step, no planner (`--pin-partition`)."""
+    publish_to: tuple[str, ...] = ()
+    """Further SGLang workers that load every published version (`--publish-to URL`): a PD deployment's
+    prefill workers, which compute the prompts of requests naming the adapter."""
 
     def __post_init__(self):
         if self.stats_window_steps < 1:
@@ -62,6 +65,11 @@ class ServeConfig:
             infer, ft = self.pinned_partition
             if infer < 1 or ft < 0:
                 raise HarvestError(f"--pin-partition needs INFER >= 1 and FT >= 0, got {infer},{ft}")
+        if self.publish_to and self.finetune is None:
+            raise HarvestError("--publish-to needs --finetune: it says where the job's adapter is published")
+        for url in self.publish_to:
+            if not url.startswith(("http://", "https://")):
+                raise HarvestError(f"--publish-to {url!r} is not an http(s) URL of an SGLang worker")
         if self.kv_block_kib < 4 or self.kv_block_kib & (self.kv_block_kib - 1):
             raise HarvestError(f"--kv-block-kib must be a power of two >= 4 (host pages), got {self.kv_block_kib}")
 

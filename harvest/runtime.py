@@ -129,12 +129,13 @@ class HarvestRuntime:
         self.metrics.record_step(step)
         return step
 
-    def adapter_loaded(self, load_ms: float) -> None:
-        """SGLang loaded a published adapter in the scheduler thread: the next decode step waited for it."""
+    def adapter_changed(self, verb: str, duration_ms: float) -> None:
+        """SGLang loaded or unloaded a published adapter in the scheduler thread: the next decode step waited
+        for it."""
         if self.publisher is not None:
-            self.publisher.note_load_ms(load_ms)
+            self.publisher.note_scheduler_ms(verb, duration_ms)
         if self.controller is not None:
-            self.controller.charge_wait_ms(load_ms)
+            self.controller.charge_publish_ms(duration_ms)
 
     def on_idle(self, kv_demand_slots: int = 0) -> None:
         if self.controller is not None:

@@ -28,7 +28,10 @@ class DecodeStep:
     finetune_ms: float = 0.0
     """The temporal slice: finetune units run after the step, before the next one; charged to its TPOT."""
     idle_wait_ms: float = 0.0
-    """An idle-time finetune unit running when the batch arrived (at most its whole time); charged too."""
+    """An idle-time finetune unit running when the batch arrived (at most its whole time), and SGLang loading
+    a published adapter before the step (publish_ms); charged too."""
+    publish_ms: float = 0.0
+    """The part of idle_wait_ms that SGLang spent loading a published adapter in the scheduler thread."""
     finetune_tokens: int = 0
     """Finetune tokens trained beside the step and in its slice."""
     is_slo_met: bool | None = None
@@ -60,6 +63,7 @@ class StepStats:
                 "kv_tokens": step.kv_tokens, "latency_ms": round(step.latency_ms, 4),
                 "predicted_ms": None if step.predicted_ms is None else round(step.predicted_ms, 4),
                 "finetune_ms": round(step.finetune_ms, 4), "idle_wait_ms": round(step.idle_wait_ms, 4),
+                "publish_ms": round(step.publish_ms, 4),
                 "finetune_tokens": step.finetune_tokens,
             })
 

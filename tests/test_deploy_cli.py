@@ -8,7 +8,8 @@ import pytest
 
 from base.errors import HarvestError
 from harvest.deploy import DeployConfig
-from harvest.deploy.pd_deployment import free_deploy_ports
+from harvest.deploy.pd_deployment import PDDeployment, free_deploy_ports, prefill_lora_flags
+from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.sglang.pd_flags import (
     NUM_TRANSFER_PORTS,
     decode_flags,
@@ -32,6 +33,25 @@ def test_cpu_prefill_uses_tcp_transfer_and_cpu_flags_and_gpu_names_the_ib_device
                                                      "--disaggregation-ib-device", "mlx5_0"]
     router = router_command("127.0.0.1", 29000, "http://127.0.0.1:30010", 8998, "http://127.0.0.1:30001", 60)
     assert router[router.index("--prefill") + 1: router.index("--prefill") + 3] == ["http://127.0.0.1:30010", "8998"]
+
+
+def test_a_publishing_job_gives_the_prefill_worker_its_lora_flags_and_the_decode_worker_its_url(tmp_path):
+    """The decode worker's job publishes its adapter: the prefill worker (which computes the prompts of
+    requests naming it) runs with the job's LoRA flags through harvest's prefill entry, and the decode worker
+    publishes to it too. Without publishing the prefill worker is plain `sglang.launch_server`."""
+    publishing = write_tiny_job(tmp_path / "a", publish_every_steps=5)
+    flags = prefill_lora_flags(("--finetune", str(publishing), "--tpot-slo-ms", "500"), is_cpu_host=True)
+    assert flags[:3] == ("--enable-lora", "--max-lora-rank", "4") and "torch_native" in flags
+    assert prefill_lora_flags(("--finetune", str(write_tiny_job(tmp_path / "b")),), is_cpu_host=True) == ()
+    assert prefill_lora_flags(("--tpot-slo-ms", "500"), is_cpu_host=True) == ()
+    config = DeployConfig(model_path="M", log_dir=tmp_path, prefill_lora_flags=flags)
+    deployment = PDDeployment(config, is_cpu_host=True)
+    prefill, decode = deployment.prefill.argv, deployment.decode.argv
+    assert prefill[prefill.index("-m") + 1] == "harvest.sglang.prefill_worker" and prefill[-len(flags) - 2:-2] == list(flags)
+    assert decode[decode.index("--publish-to") + 1] == deployment.prefill.url
+    plain = PDDeployment(DeployConfig(model_path="M", log_dir=tmp_path), is_cpu_host=True)
+    assert plain.prefill.argv[plain.prefill.argv.index("-m") + 1] == "sglang.launch_server"
+    assert "--publish-to" not in plain.decode.argv
 
 
 def test_worker_env_keeps_loopback_and_disjoint_rpc_ports():

@@ -4,7 +4,9 @@
    worker with the demo LoRA job inside under a TPOT target, and sglang-router; mooncake moves the KV;
 2. one question through the router, its real answer printed; then a live replay of a stretch of the Azure
    conv trace through the router (scaled to what a CPU serves): comparison table, results.json and plots;
-   the decode worker's stats, finetune section included;
+   the decode worker's stats, finetune section included; the job publishes its adapter every
+   PUBLISH_EVERY_STEPS optimizer steps into both workers, and the question goes once more with the
+   published adapter (SGLang's `lora_path`) and once without;
 3. a clean stop (the job checkpoints its adapter, all three processes exit);
 4. a simulated replay of the full one-hour conv trace for every policy.
 """
@@ -17,6 +19,8 @@ import yaml
 
 DEMO_JOB = Path(__file__).resolve().parents[1] / "finetune" / "demo" / "demo.yaml"
 DEMO_QUESTION = "What is the capital of France? Answer in one sentence."
+DEMO_ADAPTER = "harvest-demo"
+PUBLISH_EVERY_STEPS = 10
 
 
 def add_parser(subparsers) -> None:
@@ -49,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     model_path = resolve_model_path(args.model_path)
     job = yaml.safe_load(DEMO_JOB.read_text())
     job.update(model_name_or_path=str(model_path), dataset_dir=str(DEMO_JOB.parent),
-               output_dir=str((out / "adapter").resolve()), max_steps=10_000)
+               output_dir=str((out / "adapter").resolve()), max_steps=10_000,
+               publish_every_steps=PUBLISH_EVERY_STEPS, publish_name=DEMO_ADAPTER)
     job_path = out / "demo-job.yaml"
     job_path.write_text(yaml.safe_dump(job))
 
@@ -71,9 +76,38 @@ def run(args: argparse.Namespace) -> int:
                       "--drain-s", "120", "--tpot-ms", str(args.tpot_slo_ms), "--target", deployment.url,
                       "--admin", deployment.admin_url, "--out", str(out / "live")])
         print_stats_table(read_stats(deployment.admin_url), console)
+        show_published_adapter(deployment, console)
     finally:
         console.rule("3. stop: the finetune job checkpoints, every process exits")
         codes = deployment.stop()
     console.print(f"exit codes {codes}; adapter checkpoints in {out / 'adapter'}")
     console.rule("4. simulated replay of the full one-hour conv trace, every policy")
     return harvest_main(["replay", "--trace", "conv", "--simulate", "--out", str(out / "sim")])
+
+
+def show_published_adapter(deployment, console) -> None:
+    """The question once with the adapter the job published (its last version) and once without. The job is
+    paused first and its last requested version waited for: a new version replaces the last by unload then
+    load, and a request between the two is refused."""
+    import httpx
+
+    from harvest.worker.client import chat, read_stats
+
+    admin = f"{deployment.admin_url}/harvest"
+    httpx.post(f"{admin}/finetune/pause", timeout=60).raise_for_status()
+    deadline = time.monotonic() + 300
+    while (published := read_stats(deployment.admin_url)["finetune"]["published"])["version"] \
+            != published["version_requested"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if published["version"] == 0:  # no publish_every_steps boundary reached yet: publish the last step now
+        response = httpx.post(f"{admin}/finetune/publish", timeout=300)
+        if response.status_code != 200:
+            console.print(f"[red]no adapter to show ({response.status_code}): {response.json().get('detail')}")
+            return
+        published = response.json()
+    console.rule(f"   the published adapter {published['name']!r}: version {published['version']}, "
+                 f"optimizer step {published['step']}")
+    console.print(f"[bold]Q:[/bold] {DEMO_QUESTION}")
+    console.print(f"[bold]A (lora_path={published['name']!r}):[/bold] "
+                  f"{chat(deployment.url, DEMO_QUESTION, lora_path=published['name'])}")
+    console.print(f"[bold]A (base model):[/bold] {chat(deployment.url, DEMO_QUESTION)}")

@@ -83,6 +83,7 @@ def prepare_deployment(config):
     from base.cuda_driver import ensure_driver_or_stub
     from base.system_libs import library_path_with_system_libs
     from harvest.deploy import PDDeployment
+    from harvest.deploy.pd_deployment import prefill_lora_flags
     from harvest.models import resolve_model_path
     from harvest.sglang.launcher import check_port_free
 
@@ -93,5 +94,7 @@ def prepare_deployment(config):
     is_cpu_host = ensure_driver_or_stub()
     if is_cpu_host and config.ib_device:
         raise HarvestError("--ib-device on a host without a GPU driver: mooncake moves KV over TCP here")
+    config = dataclasses.replace(config, prefill_lora_flags=prefill_lora_flags(config.serve_args, is_cpu_host))
     env = {"LD_LIBRARY_PATH": library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))}
     return PDDeployment(config, is_cpu_host, env)
+

@@ -48,6 +48,9 @@ def add_parser(subparsers) -> None:
                             help="frozen-weight layers resident at once (default: all)")
     colocation.add_argument("--finetune-resume", action="store_true",
                             help="continue the job from its last checkpoint in output_dir")
+    colocation.add_argument("--publish-to", metavar="URL", action="append", default=[],
+                            help="another SGLang worker that loads every version the job publishes (repeatable; "
+                            "`harvest deploy` passes its prefill worker's)")
     colocation.add_argument("--no-kv-lending", action="store_true",
                             help="keep the job's weight window out of the KV cache (default: free KV chunks are lent)")
     colocation.add_argument("--kv-block-kib", type=int, default=2048,
@@ -78,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         kv_lending=not args.no_kv_lending,
         kv_block_kib=args.kv_block_kib,
         pinned_partition=_partition_flag(args.pin_partition),
+        publish_to=tuple(args.publish_to),
     )
     if config.profile_path is not None:
         _check_profile(config.profile_path, args.allow_synthetic_profile)

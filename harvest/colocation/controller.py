@@ -54,7 +54,7 @@ class Controller:
         self._unit_estimates: dict[str, tuple[float, float]] = {}          # kind -> (ms, valid until)
         self._decision = None
         self._idle_unit_ms = 0.0
-        self._charged_wait_ms = 0.0
+        self._publish_ms = 0.0
         self.fill_fraction = 1.0
         self.num_units_in_slack = 0
         self.num_units_idle = 0
@@ -82,8 +82,9 @@ class Controller:
 
     def before_step(self, step: DecodeStep) -> None:
         # A batch that arrived while an idle-time unit ran waited for it: at most that unit's time.
-        step.idle_wait_ms = self._idle_unit_ms + self._charged_wait_ms
-        self._idle_unit_ms = self._charged_wait_ms = 0.0
+        step.publish_ms = self._publish_ms
+        step.idle_wait_ms = self._idle_unit_ms + self._publish_ms
+        self._idle_unit_ms = self._publish_ms = 0.0
         self.job.poll()
         if self.planner is None:
             self._decision = None
@@ -129,10 +130,10 @@ class Controller:
         if not step.is_slo_met:
             self.fill_fraction /= 2  # whatever overran (a unit, memory work, the wait), give decode room
 
-    def charge_wait_ms(self, wait_ms: float) -> None:
-        """Scheduler-thread work outside a step (SGLang loading a published adapter) delays the next step:
-        charged to it as a wait, like an idle-time unit."""
-        self._charged_wait_ms += wait_ms
+    def charge_publish_ms(self, load_ms: float) -> None:
+        """SGLang loading a published adapter in the scheduler thread, outside a step, delays the next step:
+        charged to it as a wait, like an idle-time unit (step.publish_ms says how much of the wait it was)."""
+        self._publish_ms += load_ms
 
     def on_idle(self, kv_demand_slots: int = 0) -> int:
         """No decode batch: run one unit (the loop comes back here between units to check for requests).

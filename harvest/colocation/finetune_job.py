@@ -18,6 +18,9 @@ from harvest.finetune.finetune_config import FinetuneConfig
 
 logger = logging.getLogger(__name__)
 
+PUBLISH_UNIT = "publish"
+"""The unit kind of a publish's snapshot (beside the engine's UNIT_KINDS)."""
+
 
 class FinetuneState(str, Enum):
     STARTING = "starting"    # engine being built (model, dataset) in a background thread
@@ -66,6 +69,9 @@ class FinetuneJob:
         self.publisher = None
         """An AdapterPublisher (set by the worker when the job's YAML publishes); None: no publishing."""
         self._publish_requested = threading.Event()
+        self._is_publish_due = False
+        """A version is due (a step end hit publish_every_steps, or the admin asked): the next unit is the
+        snapshot ("publish"), which the controller fits in slack like any unit (scheduler thread)."""
         self._builder = threading.Thread(target=self._build, name="harvest-finetune-build", daemon=True)
 
     @property
@@ -110,12 +116,15 @@ class FinetuneJob:
             return
         if self._publish_requested.is_set() and self._phase in ACTIVE_PHASES:
             self._publish_requested.clear()
-            self._publish()
+            self._is_publish_due = True
         self._refresh_readiness()
 
     def has_ready_work(self) -> bool:
-        """Whether a unit may run now, as of the last poll() or unit; changes nothing."""
-        return self._is_ready and not self._is_paused and self._phase in ACTIVE_PHASES
+        """Whether a unit may run now, as of the last poll() or unit; changes nothing. A due publish runs
+        even while paused: a paused job still publishes on request."""
+        if self._phase not in ACTIVE_PHASES:
+            return False
+        return self._is_publish_due or (self._is_ready and not self._is_paused)
 
     def _refresh_readiness(self) -> None:
         if self._phase not in ACTIVE_PHASES:
@@ -135,10 +144,12 @@ class FinetuneJob:
         return self.config.max_unit_ms
 
     def next_unit_kind(self) -> str:
-        return self.engine.next_unit_kind()
+        return PUBLISH_UNIT if self._is_publish_due else self.engine.next_unit_kind()
 
     def run_unit(self):
         """Run one unit; returns its UnitResult, or None if the job failed or finished doing it."""
+        if self._is_publish_due:
+            return self._publish_unit()
         try:
             result = self.engine.run_next_unit()
         except Exception as e:  # noqa: BLE001
@@ -154,8 +165,10 @@ class FinetuneJob:
             self._refresh_stats()
             every = self.publish_every_steps
             if every is not None and self.engine.global_step % every == 0:
-                self._publish()
+                self._is_publish_due = True
             if self.engine.is_finished:
+                if self._is_publish_due:
+                    self._publish_unit()  # the last version goes out before the job ends
                 self._finish()
         self._refresh_readiness()
         return result
@@ -170,11 +183,14 @@ class FinetuneJob:
         publishing = self.engine.llamafactory.publishing if self.engine is not None else None
         return None if publishing is None or self.publisher is None else publishing.every_steps
 
-    def _publish(self) -> None:
-        """Snapshot the adapter and hand it to the publisher (SGLang loads it between batches); the snapshot
-        runs inside the caller's unit or turn, so its time is charged like finetune time."""
+    def _publish_unit(self):
+        """The "publish" unit: snapshot the adapter and hand it to the publisher, whose thread serializes it
+        and asks SGLang to load it (between batches; hooks.py charges that to the next step). Timed like a
+        unit, so the controller fits it in a step's slack by its own estimate."""
+        from harvest.finetune.finetune_engine import UnitResult
         from harvest.finetune.publishing import adapter_config_dict, adapter_tensors
 
+        self._is_publish_due = False
         started = time.perf_counter()
         try:
             tensors = adapter_tensors(self.engine.peft_model)
@@ -182,6 +198,10 @@ class FinetuneJob:
                 tensors, adapter_config_dict(self.engine.peft_model), self.engine.global_step, started)
         except Exception as e:  # noqa: BLE001 - a failed publish must not stop training or serving
             logger.error("harvest: snapshotting the adapter for publishing failed: %s", e)
+        duration_ms = (time.perf_counter() - started) * 1e3
+        self._num_units += 1
+        self._unit_ms_total += duration_ms
+        return UnitResult(PUBLISH_UNIT, None, 0, duration_ms, 0, self.engine.global_step, False, None)
 
     # ---- admin thread ----
 

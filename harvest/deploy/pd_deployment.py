@@ -20,6 +20,7 @@ from harvest.sglang.pd_flags import (
     router_command,
     worker_env,
 )
+from harvest.sglang.launcher import flag_value
 from harvest.worker.process import WorkerProcess, free_ports
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,10 @@ class DeployConfig:
     serve_args: tuple[str, ...] = ()
     """Further flags for `harvest serve` (the finetune job, the TPOT target, SGLang flags)."""
     startup_timeout_s: float = 300.0
+    prefill_lora_flags: tuple[str, ...] = ()
+    """SGLang's LoRA flags for the prefill worker when the decode worker's job publishes its adapter (set by
+    prepare_deployment from the job): the prefill worker loads every version, and the decode worker is told
+    its URL (`harvest serve --publish-to`)."""
 
     def __post_init__(self):
         ports = {"--router-port": self.router_port, "--router-metrics-port": self.router_metrics_port,
@@ -78,6 +83,23 @@ def free_deploy_ports() -> list[int]:
             return ports
 
 
+def prefill_lora_flags(serve_args: tuple[str, ...], is_cpu_host: bool) -> tuple[str, ...]:
+    """The job's LoRA flags for the prefill worker when the decode worker's job publishes its adapter (a
+    request naming it is prefilled with it), none otherwise. A job that does not parse gives none: `harvest
+    serve` names its problem and the deployment stops."""
+    job_path = flag_value(list(serve_args), "--finetune")
+    if job_path is None:
+        return ()
+    from harvest.finetune.llamafactory_args import LlamaFactoryArgs
+    from harvest.sglang.lora_flags import lora_flags_for
+
+    try:
+        job = LlamaFactoryArgs.from_yaml(job_path)
+        return () if job.publishing is None else tuple(lora_flags_for(job, [], is_cpu_host))
+    except HarvestError:
+        return ()
+
+
 class PDDeployment:
     def __init__(self, config: DeployConfig, is_cpu_host: bool, env: dict[str, str] | None = None):
         """`env`: added to each process's environment (the CLI passes LD_LIBRARY_PATH with the driver stub
@@ -87,12 +109,14 @@ class PDDeployment:
         self.prefill = WorkerProcess(
             [], c.prefill_port, 0, c.log_dir / "prefill.log",
             command=prefill_command(c.model_path, c.host, c.bootstrap_port, is_cpu_host, c.ib_device,
-                                    c.max_total_tokens),
+                                    c.max_total_tokens, c.prefill_lora_flags),
             env={**env, **worker_env(is_cpu_host, c.first_transfer_port)},
         )
         max_tokens = [] if c.max_total_tokens is None else ["--max-total-tokens", str(c.max_total_tokens)]
+        publish_to = ["--publish-to", self.prefill.url] if c.prefill_lora_flags else []
         self.decode = WorkerProcess(
-            ["--model-path", c.model_path, *max_tokens, *decode_flags(c.host, c.ib_device), *c.serve_args],
+            ["--model-path", c.model_path, *max_tokens, *decode_flags(c.host, c.ib_device), *c.serve_args,
+             *publish_to],
             c.decode_port, c.admin_port, c.log_dir / "decode.log",
             env={**env, **worker_env(is_cpu_host, c.first_transfer_port + NUM_TRANSFER_PORTS)},
         )

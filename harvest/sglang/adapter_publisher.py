@@ -2,13 +2,12 @@
 from tensors.
 
 SGLang keeps the LoRA name -> id registry in its tokenizer manager (the HTTP server's process), so a
-published adapter goes in by SGLang's `/load_lora_adapter_from_tensors` route on the worker's own port:
-the tokenizer manager registers the name and hands the tensors to the scheduler, which loads them in its
-own thread between batches (Scheduler.load_lora_adapter_from_tensors; hooks.py times that and charges
-it to the next decode step). A new version replaces the last by SGLang's `/unload_lora_adapter` then load:
-SGLang's unload waits for the requests running on the old version, so each request runs on one version
-(the one registered under the name when SGLang's tokenizer manager received it); a request that arrives
-between the unload and the load is refused with SGLang's "not loaded" 400.
+published adapter goes in by SGLang's `/load_lora_adapter_from_tensors` route on each worker's port (a PD
+deployment's prefill workers first, then this worker): the tokenizer manager registers the name and hands
+the tensors to the scheduler, which loads them in its own thread between batches
+(Scheduler.load_lora_adapter_from_tensors; hooks.py times that and charges it to the next decode step).
+A new version is loaded under the same name, which harvest's workers take as an atomic replace
+(lora_replace.py): each request runs on the version its name pointed to when it was received.
 """
 
 import logging
@@ -26,48 +25,53 @@ logger = logging.getLogger(__name__)
 class _Version:
     version: int
     step: int
-    payload: dict
+    tensors: dict
+    config_dict: dict
 
 
 class AdapterPublisher:
-    def __init__(self, worker_url: str, name: str, timeout_s: float = 300.0):
-        self.worker_url = worker_url
+    def __init__(self, worker_urls: list[str], name: str, timeout_s: float = 300.0):
+        """`worker_urls`: every SGLang worker that loads each version, in order: a PD deployment's prefill
+        workers (they compute the prompts of requests naming it), then this worker."""
+        self.worker_urls = list(worker_urls)
         self.name = name
         self._timeout_s = timeout_s
         self._pending: queue.Queue[_Version] = queue.Queue(maxsize=1)
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
         self._num_requested = 0
-        self._is_loaded = False
         self._stats = {"name": name, "version": 0, "step": None, "published_utc": None, "snapshot_ms": None,
-                       "load_ms": None, "num_published": 0, "error": None}
+                       "load_ms": None, "num_published": 0, "num_dropped": 0,
+                       "scheduler_ms_total": 0.0, "error": None}
         self._thread = threading.Thread(target=self._serve, name="harvest-publish", daemon=True)
         self._thread.start()
 
     # ---- scheduler thread ----
 
     def publish(self, tensors: dict, config_dict: dict, step: int, snapshot_started_s: float) -> int:
-        """Queue this adapter as the next version (an older one not yet sent is dropped); returns its number.
-        The caller timed the snapshot from `snapshot_started_s`; serializing is part of that cost."""
-        from sglang.srt.utils.common import MultiprocessingSerializer
-
-        payload = {"lora_name": self.name, "config_dict": config_dict,
-                   "serialized_tensors": MultiprocessingSerializer.serialize(tensors, output_str=True)}
+        """Queue this adapter (host copies nothing else holds) as the next version (an older one not yet sent
+        is dropped); returns its number. The caller timed the snapshot from `snapshot_started_s`; serializing
+        happens in the publishing thread, off the scheduler thread."""
         with self._lock:
             self._num_requested += 1
             version = self._num_requested
             self._stats["snapshot_ms"] = round((time.perf_counter() - snapshot_started_s) * 1e3, 3)
         try:
             self._pending.get_nowait()
+            with self._lock:
+                self._stats["num_dropped"] += 1  # a newer version came before the older one was sent
         except queue.Empty:
             pass
-        self._pending.put(_Version(version, step, payload))
+        self._pending.put(_Version(version, step, tensors, config_dict))
         return version
 
-    def note_load_ms(self, load_ms: float) -> None:
-        """SGLang's own load of a version, timed in the scheduler thread (hooks.py)."""
+    def note_scheduler_ms(self, verb: str, duration_ms: float) -> None:
+        """SGLang's own load or unload of a version, timed in the scheduler thread (hooks.py) and charged to
+        the next decode step; scheduler_ms_total sums what was charged."""
         with self._lock:
-            self._stats["load_ms"] = round(load_ms, 3)
+            if verb == "load":
+                self._stats["load_ms"] = round(duration_ms, 3)
+            self._stats["scheduler_ms_total"] = round(self._stats["scheduler_ms_total"] + duration_ms, 3)
 
     # ---- any thread ----
 
@@ -105,14 +109,32 @@ class AdapterPublisher:
                 self._done.notify_all()
 
     def _load(self, item: _Version) -> None:
-        with httpx.Client(base_url=self.worker_url, timeout=self._timeout_s) as client:
-            if self._is_loaded:
-                _check(client.post("/unload_lora_adapter", json={"lora_name": self.name}), "unload")
-                self._is_loaded = False
-            _check(client.post("/load_lora_adapter_from_tensors", json=item.payload), "load")
-            self._is_loaded = True
+        with httpx.Client(timeout=self._timeout_s) as client:
+            for url in self.worker_urls:
+                # A name already loaded is replaced atomically there (lora_replace.py).
+                payload = _payload(self.name, item, by_handle=url == self.worker_urls[-1])
+                _check(client.post(f"{url}/load_lora_adapter_from_tensors", json=payload), "load", url)
 
 
-def _check(response: httpx.Response, verb: str) -> None:
+def _payload(name: str, item: _Version, by_handle: bool) -> dict:
+    """SGLang's /load_lora_adapter_from_tensors body. `by_handle`: this worker, SGLang's own serializer
+    (tensors by shared-memory handle; serialized per load, a handle is handed over once). Another worker
+    (a prefill worker) is another process tree, whose multiprocessing authkey differs, so it cannot take a
+    handle ("digest sent was rejected", and its scheduler dies): the tensors go by value, plain pickle, which
+    SGLang's deserializer reads too."""
+    import base64
+    import pickle
+
+    from sglang.srt.utils.common import MultiprocessingSerializer
+
+    if by_handle:
+        tensors = MultiprocessingSerializer.serialize(item.tensors, output_str=True)
+    else:
+        tensors = base64.b64encode(pickle.dumps(item.tensors)).decode("ascii")
+    return {"lora_name": name, "config_dict": item.config_dict, "serialized_tensors": tensors}
+
+
+def _check(response: httpx.Response, verb: str, url: str) -> None:
     if response.status_code != 200:
-        raise RuntimeError(f"SGLang refused to {verb} the adapter ({response.status_code}): {response.text[:300]}")
+        raise RuntimeError(f"SGLang at {url} refused to {verb} the adapter ({response.status_code}): "
+                           f"{response.text[:300]}")

@@ -15,6 +15,7 @@ Hooked (the SGLang of version.py: disaggregation/decode.py event loops, model_ru
   Scheduler.on_idle               AFTER   no batch to run: one finetune unit
   Scheduler._check_full_pool      AROUND  the idle leak check counts lent slots as accounted for
   Scheduler.load_lora_adapter_from_tensors  AROUND  a published adapter's load, timed and charged
+  Scheduler.unload_lora_adapter   AROUND  an old version's unload, timed and charged
 """
 
 import contextlib
@@ -125,7 +126,8 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
 
             args = scheduler.server_args
             host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-            runtime.publisher = AdapterPublisher(f"http://{host}:{args.port}", publishing.name)
+            runtime.publisher = AdapterPublisher([*runtime.config.publish_to, f"http://{host}:{args.port}"],
+                                                 publishing.name)
         if runtime.config.finetune is not None:
             from harvest.sglang.served_weights import served_weights
 
@@ -143,7 +145,13 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
     def around_load_lora_from_tensors(load, scheduler, *args, **kwargs):
         started = time.perf_counter()
         result = load(scheduler, *args, **kwargs)
-        runtime.adapter_loaded((time.perf_counter() - started) * 1e3)
+        runtime.adapter_changed("load", (time.perf_counter() - started) * 1e3)
+        return result
+
+    def around_unload_lora(unload, scheduler, *args, **kwargs):
+        started = time.perf_counter()
+        result = unload(scheduler, *args, **kwargs)
+        runtime.adapter_changed("unload", (time.perf_counter() - started) * 1e3)
         return result
 
     def around_run_batch(run_batch, scheduler, batch, *args, **kwargs):
@@ -177,6 +185,7 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
     HookRegistry.register(f"{SCHEDULER}._check_full_pool", around_check_full_pool, HookType.AROUND)
     HookRegistry.register(f"{SCHEDULER}.load_lora_adapter_from_tensors", around_load_lora_from_tensors,
                           HookType.AROUND)
+    HookRegistry.register(f"{SCHEDULER}.unload_lora_adapter", around_unload_lora, HookType.AROUND)
     HookRegistry.apply_hooks()
 
 

@@ -111,4 +111,8 @@ def launch(server_args, config: ServeConfig, is_cpu_host: bool) -> None:
     from harvest.sglang.refused_requests import install_refused_request_hook
 
     install_refused_request_hook()
+    if server_args.enable_lora:
+        from harvest.sglang.lora_replace import install_atomic_replace
+
+        install_atomic_replace()
     launch_server(server_args, run_scheduler_process_func=scheduler_process_target(config))

@@ -38,9 +38,12 @@ def transfer_flags(ib_device: str | None) -> list[str]:
 
 
 def prefill_command(model_path: str, host: str, bootstrap_port: int, is_cpu_host: bool,
-                    ib_device: str | None, max_total_tokens: int | None) -> list[str]:
-    """A plain SGLang prefill worker (no harvest inside: the prefill side is untouched); --port follows."""
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+                    ib_device: str | None, max_total_tokens: int | None, lora_flags: tuple[str, ...] = ()) -> list[str]:
+    """A plain SGLang prefill worker (no harvest inside: the prefill side is untouched); --port follows.
+    `lora_flags`: the decode worker publishes its adapter, and the prefill worker loads it too (SGLang's
+    server with LoRA on, by harvest/sglang/prefill_worker.py where a CPU host needs pinning off)."""
+    program = "harvest.sglang.prefill_worker" if lora_flags else "sglang.launch_server"
+    argv = [sys.executable, "-m", program, "--model-path", model_path,
             "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bootstrap_port),
             *transfer_flags(ib_device), "--host", host]
     if max_total_tokens is not None:
@@ -52,7 +55,7 @@ def prefill_command(model_path: str, host: str, bootstrap_port: int, is_cpu_host
         # An idle SGLang scheduler busy-polls a core; between prompts the prefill worker would take it from
         # the decode worker and its finetune job. It sleeps in zmq poll instead (woken by a new request).
         argv.append("--sleep-on-idle")
-    return argv
+    return [*argv, *lora_flags]
 
 
 def decode_flags(host: str, ib_device: str | None) -> list[str]:

@@ -38,10 +38,12 @@ async def generate_prefilled(client: httpx.AsyncClient, url: str, input_ids: lis
     return await generate(client, url, prefilled_request(input_ids, max_new_tokens, room))
 
 
-def chat(url: str, question: str, max_tokens: int = 48, timeout_s: float = 300.0) -> str:
-    """One greedy chat completion (OpenAI route; the server applies the model's chat template)."""
+def chat(url: str, question: str, max_tokens: int = 48, timeout_s: float = 300.0,
+         lora_path: str | None = None) -> str:
+    """One greedy chat completion (OpenAI route; the server applies the model's chat template). `lora_path`:
+    the LoRA adapter to run it with (SGLang's own field), None for the base model."""
     body = {"model": "default", "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
-            "temperature": 0.0}
+            "temperature": 0.0, **({} if lora_path is None else {"lora_path": lora_path})}
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=timeout_s)
     response.raise_for_status()
     return response.json()["choices"][0]["message"]["content"].strip()

@@ -39,6 +39,11 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
 
     @property
+    def argv(self) -> list[str]:
+        """The command line it runs (or will run)."""
+        return list(self._argv)
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
