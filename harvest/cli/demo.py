@@ -87,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 def show_published_adapter(deployment, console) -> None:
     """The question once with the adapter the job published (its last version) and once without. The job is
-    paused first and its last requested version waited for: a new version replaces the last by unload then
-    load, and a request between the two is refused."""
+    paused first and its last requested version waited for, so the answer shown is that version's."""
     import httpx
 
     from harvest.worker.client import chat, read_stats
