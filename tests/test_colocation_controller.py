@@ -102,33 +102,3 @@ def test_before_any_unit_is_timed_the_slice_admits_units_where_twice_their_bound
     step = run_step(controller, clock, 10.0)  # no idle turn before: nothing timed yet
     assert step.finetune_ms == pytest.approx(UNIT_MS * ((TARGET_MS - 10.0) // UNIT_MS))
     assert controller._next_unit_estimate_ms() == pytest.approx(UNIT_MS)
-
-
-def test_one_warm_up_unit_does_not_lock_its_kind_out_of_every_slice():
-    """The first unit of a kind is a warm-up (measured: 711 ms against a 1.4 ms p50 for the first embed). An
-    estimate set by that one time would keep the kind out of every slice, and a worker that never idles would
-    never time it again: trained nothing under closed-loop load. Forced by a 40x first unit."""
-    controller, clock = temporal()
-    job = controller.job
-    job._unit = job._unit.__class__("unit", 40 * UNIT_MS, job._unit.num_trained_tokens)
-    controller.on_idle()  # the warm-up: 200 ms
-    job._unit = job._unit.__class__("unit", UNIT_MS, job._unit.num_trained_tokens)
-    controller.on_idle()
-    controller.on_idle()
-    assert controller._next_unit_estimate_ms() == pytest.approx(UNIT_MS)
-    run_step(controller, clock, 1.0)  # pays the idle wait
-    step = run_step(controller, clock, 12.0)
-    assert step.finetune_ms == pytest.approx(UNIT_MS * ((TARGET_MS - 12.0) // UNIT_MS))
-
-
-def test_unit_times_age_out_so_no_pair_of_stalls_locks_a_kind_out():
-    controller, clock = temporal()
-    job = controller.job
-    job._unit = job._unit.__class__("unit", 40 * UNIT_MS, job._unit.num_trained_tokens)
-    controller.on_idle()
-    controller.on_idle()  # two stalls: their times are the kind's estimate
-    assert controller._next_unit_estimate_ms() == pytest.approx(40 * UNIT_MS)
-    assert run_step(controller, clock, 10.0).finetune_ms == 0.0
-    job._unit = job._unit.__class__("unit", UNIT_MS, job._unit.num_trained_tokens)  # the job's unit bound
-    clock.advance_ms(61_000)  # a minute with no slice room and no idle turn: the stalls no longer count
-    assert controller._next_unit_estimate_ms() == pytest.approx(2 * UNIT_MS)  # as a kind never timed
