@@ -1,27 +1,31 @@
 """Acceptance (issue 14): a real PD deployment on one CPU host. A plain SGLang prefill worker, `harvest serve`
 as the decode worker with a finetune job inside, and sglang-router; mooncake moves the KV over TCP.
 Greedy outputs through the router equal a plain (non-PD) SGLang server's, token for token, also when the
-burst's KV must come back from the job's lent chunks; a prefill worker lost mid-run fails requests with a
+burst's KV must come back from the job's lent chunks; a request naming the adapter the job publishes (into
+both workers) equals PEFT's greedy output offline from the same adapter tensors on the same base; a prefill worker lost mid-run fails requests with a
 clear error while the decode worker keeps serving and stops cleanly.
 
 One deployment is shared by the module's cases (about a minute and a half to start on 2 cores)."""
 
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+import yaml
 from conftest import wait_for_stats
 from test_kv_lending_e2e import write_job
 
 from base.cuda_driver import ensure_driver_or_stub
 from base.system_libs import library_path_with_system_libs
 from harvest.deploy import DeployConfig, PDDeployment
-from harvest.deploy.pd_deployment import free_deploy_ports
+from harvest.deploy.pd_deployment import free_deploy_ports, prefill_lora_flags
 from harvest.sglang.launcher import CPU_DEFAULT_FLAGS, CPU_ENGINE_ENV
 from harvest.worker.client import (
     generate,
@@ -41,6 +45,9 @@ PROMPTS = [[3 + (5 * i + j) % 300 for j in range(8 + 9 * i)] for i in range(4)]
 PROMPT_NEW_TOKENS = 12
 NUM_BURST, BURST_INPUT_LEN, BURST_NEW_TOKENS = 7, 1100, 16
 BURST = [[(7 * i + j) % 500 + 3 for j in range(BURST_INPUT_LEN)] for i in range(NUM_BURST)]
+ADAPTER_NAME = "pd-live"
+# Every published version has a checkpoint of the same step (save_steps), whose adapter PEFT loads offline.
+PUBLISH_EVERY_STEPS = 200
 
 
 async def generate_all(url: str, prompts: list[list[int]], max_new_tokens: int,
@@ -83,6 +90,8 @@ def reference(tiny_model_dir, tmp_path_factory):
 def deployment(tiny_model_dir, tmp_path_factory, reference):
     tmp = tmp_path_factory.mktemp("pd")
     job = write_job(tmp, tiny_model_dir)
+    job.write_text(yaml.safe_dump({**yaml.safe_load(job.read_text()), "publish_every_steps": PUBLISH_EVERY_STEPS,
+                                   "publish_name": ADAPTER_NAME, "save_steps": PUBLISH_EVERY_STEPS}))
     ports = free_deploy_ports()
     config = DeployConfig(
         model_path=str(tiny_model_dir), log_dir=tmp, router_port=ports[0], router_metrics_port=ports[1],
@@ -90,6 +99,7 @@ def deployment(tiny_model_dir, tmp_path_factory, reference):
         first_transfer_port=ports[6], max_total_tokens=MAX_TOTAL_TOKENS,
         serve_args=(*DECODE_FLAGS, "--finetune", str(job), "--tpot-slo-ms", "500"),
     )
+    config = dataclasses.replace(config, prefill_lora_flags=prefill_lora_flags(config.serve_args, is_cpu_host=True))
     deployment = PDDeployment(config, ensure_driver_or_stub(), process_env()).start()
     yield deployment
     deployment.stop()
@@ -152,6 +162,58 @@ def test_live_replay_through_the_router(deployment, tmp_path, harvest_cli):
     assert decode["num_unfinished_requests"] == 0
     assert decode["num_tokens_returned"] == decode["num_tokens_asked"]
     assert live["finetune"]["num_steps"] is not None
+
+
+def peft_greedy(model_dir, adapter_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """PEFT offline: the base model with the adapter, greedy, in the served dtype (the tiny Llama's float32).
+    A plain argmax loop, as the served requests (`ignore_eos`): `generate(min_new_tokens=...)` would forbid
+    the end-of-sequence token instead of ignoring it."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                      adapter_dir).eval()
+    outputs = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = list(prompt)
+            for _ in range(max_new_tokens):
+                logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+                ids.append(int(logits.argmax()))
+            outputs.append(ids[len(prompt):])
+    return outputs
+
+
+def test_a_request_naming_the_published_adapter_equals_peft_offline(deployment, reference, tiny_model_dir):
+    """The job publishes its adapter into the prefill and the decode worker. Paused (no new version), the
+    served version's step has a checkpoint of the same tensors: requests through the router naming the
+    adapter return, greedy, token for token what PEFT generates from that checkpoint on the same base, and
+    they differ from the base model's (the adapter does something). Resumed afterwards."""
+    admin = f"{deployment.admin_url}/harvest/finetune"
+    wait_for_stats(deployment.admin_url, lambda s: (s["finetune"].get("published") or {}).get("version", 0) >= 1,
+                   "a published version")
+    assert httpx.post(f"{admin}/pause", timeout=60).status_code == 200
+    time.sleep(1.0)  # a unit already running when the pause came may end a step and publish once more
+    published = wait_for_stats(deployment.admin_url, lambda s: s["finetune"]["published"]["version"]
+                               == s["finetune"]["published"]["version_requested"],
+                               "the last version requested published")["finetune"]["published"]
+    assert published["error"] is None and published["step"] % PUBLISH_EVERY_STEPS == 0, published
+    output_dir = yaml.safe_load((deployment.config.log_dir / "job.yaml").read_text())["output_dir"]
+    checkpoint = Path(output_dir) / f"checkpoint-{published['step']}"
+    prompts = PROMPTS[:2]
+
+    async def with_adapter():
+        async with httpx.AsyncClient(timeout=300) as client:
+            return [(await generate(client, deployment.url, {**generate_request(p, PROMPT_NEW_TOKENS),
+                                                              "lora_path": ADAPTER_NAME}))["output_ids"]
+                    for p in prompts]
+
+    served = asyncio.run(with_adapter())
+    assert httpx.post(f"{admin}/resume", timeout=60).status_code == 200
+    expected = peft_greedy(tiny_model_dir, checkpoint, prompts, PROMPT_NEW_TOKENS)
+    assert served == expected
+    assert served != reference["prompts"][:2], "the adapter changed no token: the test shows nothing"
 
 
 def test_lost_prefill_worker_fails_requests_clearly_and_decode_stops_cleanly(deployment):
