@@ -45,8 +45,8 @@ class Controller:
         self.planner_source = planner_source
         self.lender = lender
         self.clock = clock
-        self._recent_unit_ms: dict[str, deque[tuple[float, float]]] = {}   # kind -> (clock s, ms)
-        self._unit_estimates: dict[str, tuple[float, float]] = {}          # kind -> (ms, valid until)
+        self._recent_unit_ms: dict[str, deque[float]] = {}
+        self._unit_estimates: dict[str, float] = {}
         self._decision = None
         self._idle_unit_ms = 0.0
         self._publish_ms = 0.0
@@ -175,7 +175,7 @@ class Controller:
         """Per unit kind, its recent times and what the slice admits it at (None: not admitted in a slice)."""
         out = {}
         for kind, recent in list(self._recent_unit_ms.items()):
-            ordered = sorted(ms for _, ms in list(recent))
+            ordered = sorted(list(recent))
             estimate = self._estimate_ms(kind)
             out[kind] = {"n": len(ordered), "p50": round(ordered[len(ordered) // 2], 3),
                          "max": round(ordered[-1], 3),
@@ -184,7 +184,7 @@ class Controller:
 
     def reaction_stats(self) -> dict:
         """How soon decode gets the device back: a batch arriving during an idle-time unit waits for it."""
-        longest = max((ms for r in self._recent_unit_ms.values() for _, ms in r), default=None)
+        longest = max((max(r) for r in list(self._recent_unit_ms.values()) if r), default=None)
         shortest_step = None if self.planner is None else self.planner.shortest_step_ms
         return {
             "longest_recent_unit_ms": None if longest is None else round(longest, 3),
@@ -229,7 +229,7 @@ class Controller:
         result = self.job.run_unit()
         if result is not None and result.duration_ms > 0:
             recent = self._recent_unit_ms.setdefault(result.kind, deque(maxlen=RECENT_UNITS_PER_KIND))
-            recent.append((self.clock(), result.duration_ms))
+            recent.append(result.duration_ms)
             self._unit_estimates.pop(result.kind, None)
         return result
 
@@ -246,8 +246,8 @@ class Controller:
         unit-estimate) made decode miss the e2e SLO test's target, so it is not shipped."""
         cached = self._unit_estimates.get(kind)
         if cached is not None:
-            return cached[0]
-        recent = [ms for _, ms in list(self._recent_unit_ms.get(kind, ()))]  # the unit thread appends
+            return cached
+        recent = list(self._recent_unit_ms.get(kind, ()))  # a copy: the unit thread appends (spatial mode)
         if len(recent) < 2:
             bound = self.job.max_unit_ms
             return float("inf") if bound is None else 2.0 * bound
@@ -255,6 +255,6 @@ class Controller:
         mean = statistics.fmean(logs)
         std = statistics.stdev(logs)
         estimate = max(max(recent), math.exp(mean + UNIT_QUANTILE_Z * std))
-        self._unit_estimates[kind] = (estimate, math.inf)
+        self._unit_estimates[kind] = estimate
         return estimate
 
