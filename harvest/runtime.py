@@ -72,11 +72,6 @@ class HarvestRuntime:
         partitions = self.spatial_partitions(device_index)
         return partitions if partitions is not None and self.config.finetune.device.startswith("cuda") else None
 
-    @property
-    def co_run_pairs(self) -> list[tuple[int, int]]:
-        """The co-run partitions the planner may pick: the profile's that the device forms."""
-        return [] if self.partitions is None else [(i, f) for i, f in self.partitions.pairs if f > 0]
-
     def start(self, serve_admin: bool, device_index: int = 0) -> None:
         """The scheduler is built: build the controller, start the finetune job's construction and the admin API.
         device_index: the worker's CUDA device (SGLang's gpu_id)."""
