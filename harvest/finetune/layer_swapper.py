@@ -49,9 +49,7 @@ class LayerSwapper:
                 for param in params:
                     param.data = self._placeholder(dtype)
             self._groups.append(groups)
-            for buffer_name, buffer in layer.named_buffers():
-                module_name, _, attr = buffer_name.rpartition(".")
-                setattr(layer.get_submodule(module_name) if module_name else layer, attr, buffer.to(device))
+            move_buffers(layer, device)
 
     @property
     def num_layers(self) -> int:
@@ -162,3 +160,10 @@ class LayerSwapper:
 
     def _placeholder(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(0, dtype=dtype, device=self.device)
+
+
+def move_buffers(layer: nn.Module, device: torch.device) -> None:
+    """A layer's buffers (rotary tables and the like) to the device its units run on."""
+    for buffer_name, buffer in layer.named_buffers():
+        module_name, _, attr = buffer_name.rpartition(".")
+        setattr(layer.get_submodule(module_name) if module_name else layer, attr, buffer.to(device))

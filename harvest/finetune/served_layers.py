@@ -10,6 +10,8 @@ device as in copy mode.
 import torch
 from torch import nn
 
+from harvest.finetune.layer_swapper import move_buffers
+
 
 class ServedLayers:
     def __init__(self, layers: nn.ModuleList, device: torch.device) -> None:
@@ -19,9 +21,7 @@ class ServedLayers:
             for param in layer.parameters():
                 if param.requires_grad:
                     param.data = param.data.to(device)
-            for buffer_name, buffer in layer.named_buffers():
-                module_name, _, attr = buffer_name.rpartition(".")
-                setattr(layer.get_submodule(module_name) if module_name else layer, attr, buffer.to(device))
+            move_buffers(layer, device)
 
     @property
     def num_resident_layers(self) -> int:
