@@ -214,7 +214,9 @@ class FinetuneJob:
             raise HarvestError(f"cannot publish a finetune job that is {self.state.value}")
         if self.engine.global_step == 0:
             raise HarvestError("the job has made no optimizer step yet: nothing to publish")
-        version_before = self.publisher.stats()["version"]
+        # Wait for a version asked for after this call: one an automatic publish queued earlier may still be
+        # loading and carry an older step.
+        version_before = self.publisher.stats()["version_requested"]
         self._publish_requested.set()
         deadline = time.monotonic() + timeout_s
         while self._publish_requested.is_set() and time.monotonic() < deadline:
