@@ -102,3 +102,32 @@ def test_before_any_unit_is_timed_the_slice_admits_units_where_twice_their_bound
     step = run_step(controller, clock, 10.0)  # no idle turn before: nothing timed yet
     assert step.finetune_ms == pytest.approx(UNIT_MS * ((TARGET_MS - 10.0) // UNIT_MS))
     assert controller._next_unit_estimate_ms() == pytest.approx(UNIT_MS)
+
+
+def test_the_batch_cost_fit_finds_what_one_more_request_adds():
+    from harvest.colocation.controller import BatchCost
+
+    cost = BatchCost()
+    assert cost.with_one_more_ms(4, 20.0) == pytest.approx(25.0), "no fit yet: the step's mean per request"
+    for i in range(200):
+        batch = 1 + i % 5
+        cost.observe(batch, 10.0 + 3.0 * batch + (0.5 if i % 2 else -0.5))
+    assert cost.slope_ms == pytest.approx(3.0, abs=0.2)
+    for _ in range(500):  # a long stretch of one batch size keeps the slope it had
+        cost.observe(2, 16.0)
+    assert cost.slope_ms == pytest.approx(3.0, abs=0.2)
+
+
+@pytest.mark.parametrize("slope_ms, sliced", [(2.0, True), (15.0, False)])
+def test_no_slice_where_one_more_request_would_take_decode_past_the_back_off_level(slope_ms, sliced):
+    """A slice stretches TPOT, so requests stay longer and batches grow: at 20 ms of a 40 ms target the
+    slice runs only if a request more would keep decode alone within 70 % of the target (28 ms)."""
+    controller, clock = temporal()
+    controller.on_idle()
+    controller.on_idle()
+    run_step(controller, clock, 1.0)
+    controller.batch_cost.slope_ms = slope_ms
+    controller.batch_cost.observe = lambda *_: None  # keep the slope this test sets
+    step = run_step(controller, clock, 20.0, batch_size=2)
+    assert (step.finetune_ms > 0) == sliced
+    assert controller.stats()["steps_held_for_growth"] == (0 if sliced else 1)

@@ -5,8 +5,9 @@ planner gave them).
 
 After every step, what is left of its TPOT budget, as measured, goes to finetune units on the whole device
 (the temporal slice): a unit is admitted while a high quantile of its kind's recent times fits, within a
-share of the slack that backs off when a step runs long or misses the target (eval/README.md, "Temporal
-slice", says why each number is what it is). The step's record says what it was charged: the slice, and the wait of a batch that
+share of the slack that backs off when a step runs long or misses the target, and not at all where one
+more request would take decode alone past the back-off level (eval/README.md, "Temporal slice", says why
+each number is what it is). The step's record says what it was charged: the slice, and the wait of a batch that
 arrived while an idle-time unit ran.
 """
 
@@ -27,6 +28,39 @@ of log unit time): chunk lengths and the host make unit times spread, and an ove
 BACKOFF_LATENCY_FRACTION = 0.7
 FILL_RECOVERY_PER_STEP = 0.02
 LOOP_OVERHEAD_MS = 2.0
+BATCH_COST_DECAY = 0.99
+"""Per-step forgetting of the decode cost fit (~100 steps of memory): the host and the context lengths drift."""
+
+
+class BatchCost:
+    """What one more request costs a decode step on the whole device: an exponentially weighted least-squares
+    slope of step latency on batch size. A slice stretches TPOT, requests stay longer and batches grow
+    (Little's law), so the controller asks what the step would take with one more request before it slices.
+    Until batch sizes have spread enough to fit a slope, the cost is the step's mean per request (as if decode
+    had no fixed cost: the most a request can add where cost grows with batch, as on CPUs); a slope once
+    fitted is kept through a stretch of equal batches."""
+
+    def __init__(self, decay: float = BATCH_COST_DECAY):
+        self.decay = decay
+        self._w = self._b = self._bb = self._y = self._by = 0.0
+        self.slope_ms: float | None = None
+
+    def observe(self, batch_size: int, latency_ms: float) -> None:
+        d = self.decay
+        self._w = d * self._w + 1.0
+        self._b = d * self._b + batch_size
+        self._bb = d * self._bb + batch_size * batch_size
+        self._y = d * self._y + latency_ms
+        self._by = d * self._by + batch_size * latency_ms
+        mean_b = self._b / self._w
+        var_b = self._bb / self._w - mean_b * mean_b
+        if self._w >= 20 and var_b >= 0.1:
+            cov = self._by / self._w - mean_b * self._y / self._w
+            self.slope_ms = max(0.0, cov / var_b)
+
+    def with_one_more_ms(self, batch_size: int, latency_ms: float) -> float:
+        per_request = latency_ms / batch_size if self.slope_ms is None else self.slope_ms
+        return latency_ms + per_request
 
 
 class Controller:
@@ -51,6 +85,8 @@ class Controller:
         self._idle_unit_ms = 0.0
         self._publish_ms = 0.0
         self.fill_fraction = 1.0
+        self.batch_cost = BatchCost()
+        self.num_steps_held_for_growth = 0
         self.num_units_in_slack = 0
         self.num_units_idle = 0
         self.finetune_ms_in_slack = 0.0
@@ -102,6 +138,14 @@ class Controller:
             self.fill_fraction = min(1.0, self.fill_fraction + FILL_RECOVERY_PER_STEP)
         spent_ms = step.latency_ms + step.idle_wait_ms
         budget_ms = self.fill_fraction * (target_ms - spent_ms) - self.loop_overhead_ms
+        if not self._decision_co_ran():
+            self.batch_cost.observe(step.batch_size, step.latency_ms)
+        if budget_ms > 0 and (self.batch_cost.with_one_more_ms(step.batch_size, step.latency_ms)
+                              > BACKOFF_LATENCY_FRACTION * target_ms):
+            # One more request would take decode alone past the back-off level: no slice, so the batch's
+            # requests finish at decode speed instead of overlapping the next arrivals (eval/README.md).
+            budget_ms = 0.0
+            self.num_steps_held_for_growth += 1
         # Reclaiming KV for decode always happens; growing the job's window only where the slice has room.
         did_memory_work = self._rebalance_memory(kv_demand_slots, can_grow=budget_ms > 0)
         self.job.poll()
@@ -163,6 +207,9 @@ class Controller:
                 "finetune_rates": self.planner.rate_source,
             },
             "fill_fraction": round(self.fill_fraction, 4),
+            "batch_cost_ms_per_request": None if self.batch_cost.slope_ms is None
+            else round(self.batch_cost.slope_ms, 3),
+            "steps_held_for_growth": self.num_steps_held_for_growth,
             "units_in_slack": self.num_units_in_slack,
             "units_idle": self.num_units_idle,
             "finetune_ms_in_slack": round(self.finetune_ms_in_slack, 1),
