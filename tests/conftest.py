@@ -4,12 +4,18 @@ import time
 from collections.abc import Callable
 
 import pytest
+from hypothesis import settings
 
 from harvest.worker.client import read_stats
 from harvest.worker.process import free_ports
 
 # Test processes share the harvest conventions of the CLI edge: no hub access, SGLang's CPU engine on CPU hosts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Property tests assert properties, not speed: a shared host (or the other test process of `make test`) can
+# make one example slower than hypothesis' default 200 ms deadline.
+settings.register_profile("harvest", deadline=None)
+settings.load_profile("harvest")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -59,6 +59,7 @@ def replay_steps(worker: WorkerProcess, tpot_slo_ms: float) -> list[dict]:
     return read_steps_since(worker.admin_url, since)
 
 
+@pytest.mark.timing
 def test_finetune_harvests_slack_within_the_tpot_slo(tmp_path):
     """Decode alone first: the conv slice on a worker whose LoRA job is built, holds its lent KV memory and
     is paused gives the step latency at that load (its 99th percentile: the level decode alone keeps).

@@ -25,6 +25,9 @@ from harvest.worker.client import (
 from harvest.worker.process import WorkerProcess
 from traces.trace_loader import load_trace
 
+# The module worker is shared by its tests and one of them holds steps to the TPOT target: all run alone.
+pytestmark = pytest.mark.timing
+
 ADAPTER_NAME = "tiny-live"
 TPOT_SLO_MS = 500.0
 PUBLISH_EVERY_STEPS = 20  # the tiny job makes ~100 optimizer steps a second on this CPU

@@ -15,7 +15,7 @@ from harvest.replay.finetune_rates import FinetuneRates
 from predictor.profile import Profile
 from predictor.samples import load_samples
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.timing]
 
 NUM_CORES = len(os.sched_getaffinity(0))
 

@@ -9,7 +9,7 @@ import pytest
 
 from harvest.bench import serve as bench_serve
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.timing]
 
 NUM_REQUESTS = 2
 MAX_NEW_TOKENS = 16

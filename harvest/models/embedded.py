@@ -3,6 +3,7 @@
 Converted once into an HF directory that SGLang and LlamaFactory load; later calls reuse it.
 """
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -43,8 +44,12 @@ def ensure_embedded_model() -> Path:
     out_dir = embedded_model_dir()
     if _stamp(out_dir) == {"version": CONVERSION_VERSION}:
         return out_dir
-    gguf_file = _find_gguf()
-    _convert(gguf_file, out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Two processes starting at once (two workers, two test processes) convert once: the second waits.
+    with open(out_dir.with_name(out_dir.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _stamp(out_dir) != {"version": CONVERSION_VERSION}:
+            _convert(_find_gguf(), out_dir)
     return out_dir
 
 
