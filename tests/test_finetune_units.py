@@ -105,3 +105,18 @@ def test_the_colocation_job_closes_a_finished_engine_once(job_path, monkeypatch)
     # Samples: the optimizer steps it made times the samples one step trains (rows x accumulation).
     args = yaml.safe_load(Path(job_path).read_text())
     assert job.stats()["samples"] == 3 * args["per_device_train_batch_size"] * args.get("gradient_accumulation_steps", 1)
+
+
+def test_a_step_that_writes_a_checkpoint_is_its_own_unit_kind_announced_before_it_runs(tmp_path):
+    """The slice admits a unit by its kind's recent times: the optimizer step that ends with a checkpoint
+    write is announced and timed as "checkpoint" (write included), so the write's time is never taken for an
+    optimizer step's and never missing from the unit's time."""
+    engine = FinetuneEngine.from_yaml(write_tiny_job(tmp_path, save_steps=2, max_steps=100))
+    kinds = []
+    while engine.global_step < 4:
+        announced = engine.next_unit_kind()
+        result = engine.run_next_unit()
+        assert result.kind == announced
+        kinds.append(result.kind)
+    assert [k for k in kinds if k in ("optimizer", "checkpoint")] == ["optimizer", "checkpoint"] * 2
+    assert len(list(Path(engine.llamafactory.output_dir).glob("checkpoint-*"))) == 2

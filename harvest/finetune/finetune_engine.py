@@ -29,7 +29,8 @@ from harvest.finetune.unit_sizer import UnitSizer
 from harvest.finetune.weight_memory import WeightMemory
 from harvest.finetune.window_policy import WindowPolicy
 
-UNIT_KINDS = ("embed", "forward", "head", "backward", "optimizer")
+UNIT_KINDS = ("embed", "forward", "head", "backward", "optimizer", "checkpoint")
+""""checkpoint": an optimizer step whose step end writes a checkpoint, timed as its own kind (with the write)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,11 @@ class FinetuneEngine:
     def next_unit_kind(self) -> str:
         """The kind of unit run_next_unit would run now (a new step starts with "embed")."""
         unit = self._queue.peek()
-        return "embed" if unit is None else unit.kind
+        if unit is None:
+            return "embed"
+        if unit.kind == "optimizer" and self._is_save_step(self.global_step + 1):
+            return "checkpoint"
+        return unit.kind
 
     def run_next_unit(self) -> UnitResult:
         if self.is_finished:
@@ -153,10 +158,13 @@ class FinetuneEngine:
         self._sizer.observe(unit.kind, num_tokens, duration_ms)
         self._step_ms += duration_ms
         is_step_end = unit.kind == "optimizer"
-        if is_step_end:
-            self._finish_step()
+        kind = unit.kind
+        if is_step_end and self._finish_step():
+            # The write is part of what the slice waits for: timed, under its own kind.
+            kind = "checkpoint"
+            duration_ms = (time.perf_counter() - started) * 1e3
         return UnitResult(
-            unit.kind,
+            kind,
             unit.layer_id,
             unit.slice_id,
             duration_ms,
@@ -335,17 +343,21 @@ class FinetuneEngine:
         return {"generator": self._cpu_rng_state if is_global else self.generator.get_state(),
                 "cpu": self._cpu_rng_state}
 
-    def _finish_step(self) -> None:
+    def _is_save_step(self, step: int) -> bool:
+        return bool(self.setup.save_every_steps) and step % self.setup.save_every_steps == 0
+
+    def _finish_step(self) -> bool:
+        """End the step; True if it wrote a checkpoint."""
         self._step_boundary_rng_state = self._rng_states()
         self._log.record(self.global_step, float(self._step_loss), self._step_tokens, self._step_ms,
                          self._num_window_layers)
         self._queue.end_step()
         # The last step's checkpoint and the adapter are close()'s, which the caller runs once when finished.
-        if not self.is_finished and (
-            (self.setup.save_every_steps and self.global_step % self.setup.save_every_steps == 0)
-            or (self.setup.save_each_epoch and self._queue.is_epoch_end)
-        ):
+        if not self.is_finished and (self._is_save_step(self.global_step)
+                                     or (self.setup.save_each_epoch and self._queue.is_epoch_end)):
             self.save_checkpoint()
+            return True
+        return False
 
     def _resume(self) -> dict[str, int]:
         """Load the newest checkpoint; returns its data position."""
