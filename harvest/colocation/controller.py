@@ -5,9 +5,9 @@ planner gave them).
 
 After every step, what is left of its TPOT budget, as measured, goes to finetune units on the whole device
 (the temporal slice): a unit is admitted while a high quantile of its kind's recent times fits, within a
-share of the slack that backs off when a step runs long or misses the target, and not at all where one
-more request would take decode alone past the back-off level (eval/README.md, "Temporal slice", says why
-each number is what it is). The step's record says what it was charged: the slice, and the wait of a batch that
+share of the slack that backs off when a step runs long or misses the target, and no longer than keeps the
+batch it would grow within what decode alone can serve in the target (BatchCost; eval/README.md, "Temporal
+slice", says why each number is what it is). The step's record says what it was charged: the slice, and the wait of a batch that
 arrived while an idle-time unit ran.
 """
 
@@ -30,22 +30,39 @@ FILL_RECOVERY_PER_STEP = 0.02
 LOOP_OVERHEAD_MS = 2.0
 BATCH_COST_DECAY = 0.99
 """Per-step forgetting of the decode cost fit (~100 steps of memory): the host and the context lengths drift."""
+RECENT_OVERRUNS = 256
+MIN_OVERRUNS = 64
+OVERRUN_QUANTILE = 0.99
 
 
 class BatchCost:
-    """What one more request costs a decode step on the whole device: an exponentially weighted least-squares
-    slope of step latency on batch size. A slice stretches TPOT, requests stay longer and batches grow
-    (Little's law), so the controller asks what the step would take with one more request before it slices.
-    Until batch sizes have spread enough to fit a slope, the cost is the step's mean per request (as if decode
-    had no fixed cost: the most a request can add where cost grows with batch, as on CPUs); a slope once
-    fitted is kept through a stretch of equal batches."""
+    """How decode alone grows with the batch, and so how far the slices may stretch a step.
+
+    A slice stretches TPOT, requests stay longer and batches grow (Little's law: the batch in flight scales
+    with the time a step takes), so the slice is bounded by the batch it would lead to: stretching a step of
+    latency L at batch b to T leads to about b x T / L requests, and decode alone at that batch, times a high
+    quantile of how far decode runs over its fit on this host, must stay within the target; a request more than
+    now must fit too, or nothing is sliced. The fit is an exponentially weighted least-squares line of step
+    latency on batch size; until batch sizes have spread enough to fit it, each request costs the step's mean
+    per request (as if decode had no fixed cost: the most a request can add where cost grows with batch, as on
+    CPUs) and the quantile is 1 / BACKOFF_LATENCY_FRACTION. eval/README.md ("Temporal slice") has why."""
 
     def __init__(self, decay: float = BATCH_COST_DECAY):
         self.decay = decay
         self._w = self._b = self._bb = self._y = self._by = 0.0
         self.slope_ms: float | None = None
+        self.intercept_ms = 0.0
+        self._overrun: deque[float] = deque(maxlen=RECENT_OVERRUNS)
+        self._overrun_quantile: float | None = None
 
     def observe(self, batch_size: int, latency_ms: float) -> None:
+        if self.slope_ms is not None:
+            fitted = self.intercept_ms + self.slope_ms * batch_size
+            if fitted > 0:
+                self._overrun.append(latency_ms / fitted)
+                if len(self._overrun) >= MIN_OVERRUNS and len(self._overrun) % 16 == 0:
+                    ordered = sorted(self._overrun)
+                    self._overrun_quantile = max(1.0, ordered[int(OVERRUN_QUANTILE * (len(ordered) - 1))])
         d = self.decay
         self._w = d * self._w + 1.0
         self._b = d * self._b + batch_size
@@ -57,10 +74,25 @@ class BatchCost:
         if self._w >= 20 and var_b >= 0.1:
             cov = self._by / self._w - mean_b * self._y / self._w
             self.slope_ms = max(0.0, cov / var_b)
+            self.intercept_ms = self._y / self._w - self.slope_ms * mean_b
 
-    def with_one_more_ms(self, batch_size: int, latency_ms: float) -> float:
-        per_request = latency_ms / batch_size if self.slope_ms is None else self.slope_ms
-        return latency_ms + per_request
+    @property
+    def overrun_quantile(self) -> float:
+        """How far decode alone runs over its fit (a high quantile of measured / fitted)."""
+        return 1.0 / BACKOFF_LATENCY_FRACTION if self._overrun_quantile is None else self._overrun_quantile
+
+    def stretch_limit_ms(self, batch_size: int, latency_ms: float, target_ms: float) -> float:
+        """The longest a step of `latency_ms` at `batch_size` may take, slice included (0: no slice)."""
+        if self.slope_ms is None:
+            intercept, per_request = 0.0, latency_ms / batch_size
+        else:
+            intercept, per_request = self.intercept_ms, self.slope_ms
+        if per_request <= 0:
+            return math.inf  # decode alone does not grow with the batch: growth costs nothing
+        max_batch = (target_ms / self.overrun_quantile - intercept) / per_request
+        if max_batch < batch_size + 1:
+            return 0.0
+        return latency_ms * max_batch / batch_size
 
 
 class Controller:
@@ -86,7 +118,7 @@ class Controller:
         self._publish_ms = 0.0
         self.fill_fraction = 1.0
         self.batch_cost = BatchCost()
-        self.num_steps_held_for_growth = 0
+        self.num_slices_cut_for_growth = 0
         self.num_units_in_slack = 0
         self.num_units_idle = 0
         self.finetune_ms_in_slack = 0.0
@@ -140,12 +172,13 @@ class Controller:
         budget_ms = self.fill_fraction * (target_ms - spent_ms) - self.loop_overhead_ms
         if not self._decision_co_ran():
             self.batch_cost.observe(step.batch_size, step.latency_ms)
-        if budget_ms > 0 and (self.batch_cost.with_one_more_ms(step.batch_size, step.latency_ms)
-                              > BACKOFF_LATENCY_FRACTION * target_ms):
-            # One more request would take decode alone past the back-off level: no slice, so the batch's
-            # requests finish at decode speed instead of overlapping the next arrivals (eval/README.md).
-            budget_ms = 0.0
-            self.num_steps_held_for_growth += 1
+        stretch_budget_ms = (self.batch_cost.stretch_limit_ms(step.batch_size, step.latency_ms, target_ms)
+                             - spent_ms - self.loop_overhead_ms)
+        if budget_ms > 0 and stretch_budget_ms < budget_ms:
+            # The batch the slice would grow would take decode alone past the target: a shorter slice or
+            # none, so requests finish before they overlap the next arrivals (eval/README.md).
+            budget_ms = max(0.0, stretch_budget_ms)
+            self.num_slices_cut_for_growth += 1
         # Reclaiming KV for decode always happens; growing the job's window only where the slice has room.
         did_memory_work = self._rebalance_memory(kv_demand_slots, can_grow=budget_ms > 0)
         self.job.poll()
@@ -209,7 +242,8 @@ class Controller:
             "fill_fraction": round(self.fill_fraction, 4),
             "batch_cost_ms_per_request": None if self.batch_cost.slope_ms is None
             else round(self.batch_cost.slope_ms, 3),
-            "steps_held_for_growth": self.num_steps_held_for_growth,
+            "decode_overrun_quantile": round(self.batch_cost.overrun_quantile, 3),
+            "slices_cut_for_growth": self.num_slices_cut_for_growth,
             "units_in_slack": self.num_units_in_slack,
             "units_idle": self.num_units_idle,
             "finetune_ms_in_slack": round(self.finetune_ms_in_slack, 1),
