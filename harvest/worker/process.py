@@ -79,11 +79,29 @@ class WorkerProcess:
                 raise HarvestError(f"{what} exited with {self.proc.returncode} while starting; log: {self.log_path}")
             try:
                 if httpx.get(f"{self.url}{path}", timeout=5).status_code == 200:
-                    return True
+                    if self._listens_on(self.port):
+                        return True
+                    if self._bind_failed():
+                        raise HarvestError(f"port {self.port} is served by another process; log: {self.log_path}")
             except httpx.HTTPError:
                 pass
             time.sleep(1.0)
         return False
+
+    def _listens_on(self, port: int) -> bool:
+        """Whether this process or one of its children listens on `port` (an answer on it may be another's)."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            for proc in [root, *root.children(recursive=True)]:
+                if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                       for c in proc.net_connections(kind="tcp")):
+                    return True
+        except psutil.Error:
+            pass
+        return False
+
+    def _bind_failed(self) -> bool:
+        return "address already in use" in self.log_path.read_text(errors="replace").lower()
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
         """Signal the worker, wait for it and its children; kill what is left. Returns the exit code."""
@@ -121,10 +139,15 @@ def _sigterm_when_parent_dies() -> None:
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# Not the `random` module's generator: an in-process finetune seeds it (LlamaFactory's set_seed), and two
+# test processes that seeded it alike drew the same ports, so one test's requests reached the other's worker.
+_PORT_DRAW = random.SystemRandom()
+
+
 def free_ports(count: int) -> list[int]:
     """Distinct free ports below 40000: SGLang derives side ports (gRPC = port + 3000) that must stay valid."""
     ports = []
-    for port in random.sample(range(20000, 37000), 400):
+    for port in _PORT_DRAW.sample(range(20000, 37000), 400):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
