@@ -26,7 +26,8 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
         [*harvest_cli, "bench", "colocate", "--window", "ci=conv:17s+2s", "--rate-scale", "1",
          "--max-context-tokens", "96", "--max-generated-tokens", "6", "--repeats", "1", "--warmup-steps", "1",
          "--tpot-ms", "500", "--drain-s", "60", "--model-path", str(tiny_model_dir), "--job", str(job),
-         "--max-total-tokens", "4096", "--start-timeout-s", "300", "--log-dir", str(tmp_path / "logs")],
+         "--max-total-tokens", "4096", "--start-timeout-s", "300", "--log-dir", str(tmp_path / "logs"),
+         "--dtype", "float32"],
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -42,6 +43,10 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
         replay = json.loads(Path(run["replay_results"]).read_text())
         assert replay["policies"]["live"]["decode"]["num_steps"] == run["num_steps"], row
     assert runs["decode-alone"]["finetune_tokens_per_s"] is None
+    # --dtype reaches every worker: served in the job's float32, the harvest rows' job computes on the served weights.
+    assert {row: run["base_weights"] for row, run in runs.items()} == {
+        row: "shared" if row.startswith("harvest-") else None for row in ROWS}
+    assert result["config"]["dtype"] == "float32"
     for row in ROWS:
         if row != "decode-alone":
             assert runs[row]["finetune_tokens_per_s"] > 0, (row, runs[row]["finetune_counted_by"])

@@ -71,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=int, default=1,
                         help="optimizer steps the job or trainer has done before a replay starts (default 1)")
     parser.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool tokens (SGLang flag)")
+    parser.add_argument("--dtype", default="auto",
+                        help="every decode worker's serving dtype (SGLang flag; float32 on a CPU: the job computes "
+                             "on the served weights, one copy)")
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
     parser.add_argument("--log-dir", default="runs/bench-colocate", help="worker and trainer logs")
 
@@ -123,7 +126,8 @@ def run(args: argparse.Namespace) -> dict:
         "config": {"tpot_slo_ms": args.tpot_ms, "rate_scale": args.rate_scale, "concurrency": args.concurrency,
                    "max_context_tokens": args.max_context_tokens,
                    "max_generated_tokens": args.max_generated_tokens, "repeats": args.repeats,
-                   "warmup_steps": args.warmup_steps, "job": job, "harvest_modes": dict(HARVEST_MODES)},
+                   "warmup_steps": args.warmup_steps, "dtype": args.dtype, "job": job,
+                   "harvest_modes": dict(HARVEST_MODES)},
         "device": _device_name(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 1),
@@ -176,7 +180,7 @@ def _job(job_path: str | None, model_path: str, log_dir: Path) -> dict:
 def _worker_config(row: str, job: dict, model_path: str, run_dir: Path,
                    args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
     """(`harvest serve` flags, the cores it is pinned to or None) of the row's decode worker."""
-    flags = ["--model-path", model_path, "--max-total-tokens", str(args.max_total_tokens)]
+    flags = ["--model-path", model_path, "--max-total-tokens", str(args.max_total_tokens), "--dtype", args.dtype]
     if row.startswith("harvest-"):
         job_path = run_dir / "job.yaml"
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -190,7 +194,7 @@ def _worker_config(row: str, job: dict, model_path: str, run_dir: Path,
 def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, args: argparse.Namespace) -> dict:
     from harvest.replay.live_replay import LiveReplay
 
-    trainer = None
+    trainer, base_weights = None, {}
     try:
         if row.startswith("two-process"):
             trainer_cpus = cpu_halves()[1] if row == "two-process-pinned" else None
@@ -211,7 +215,9 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
             counted_by = "llamafactory trainer_log.jsonl total_tokens (non_padding), interpolated per step"
         else:
             # the worker's whole stats after the replay (controller, unit times, predictor), for a closer look
-            (run_dir / "worker_stats.json").write_text(json.dumps(read_stats(worker.admin_url), indent=1))
+            stats = read_stats(worker.admin_url)
+            (run_dir / "worker_stats.json").write_text(json.dumps(stats, indent=1))
+            base_weights = (stats.get("finetune") or {}).get("base_weights") or {}
             before, after = (results["policies"]["live"]["finetune"][k] or {} for k in ("before", "after"))
             finetune_tokens = after["tokens"] - before["tokens"] if "tokens" in after else None
             counted_by = "harvest job stats: tokens (non-padding)" if finetune_tokens is not None else None
@@ -234,6 +240,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
         "finetune_tokens": finetune_tokens,
         "finetune_tokens_per_s": None if finetune_tokens is None else round(finetune_tokens / replay_s, 2),
         "finetune_counted_by": counted_by,
+        "base_weights": base_weights.get("mode"),  # the job's (shared or copy); None without one
         "replay_s": replay_s,
         "notes": results["notes"],
         "log_dir": str(run_dir),
