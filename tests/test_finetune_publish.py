@@ -209,7 +209,11 @@ def test_publishing_during_a_replay_is_charged_to_steps_within_the_target(publis
     requested = after["version_requested"] - before["version_requested"]
     served = after["num_published"] - before["num_published"]
     dropped = after["num_dropped"] - before["num_dropped"]
-    assert served >= 2 and served + dropped == requested and after["error"] is None, (before, after)
+    failed = after["num_failed"] - before["num_failed"]
+    errors = [line for line in worker.log_path.read_text().splitlines() if "publishing adapter" in line]
+    assert failed == 0 and after["error"] is None, (before, after, errors[-3:])
+    assert served + dropped == requested, (before, after)
+    assert served >= 2, (before, after)
     assert len(statuses) >= 5 and set(statuses) == {200}, statuses
     charged_ms = sum(s["publish_ms"] for s in steps)
     assert charged_ms == pytest.approx(after["scheduler_ms_total"] - before["scheduler_ms_total"], abs=0.01)

@@ -41,7 +41,7 @@ class AdapterPublisher:
         self._done = threading.Condition(self._lock)
         self._num_requested = 0
         self._stats = {"name": name, "version": 0, "step": None, "published_utc": None, "snapshot_ms": None,
-                       "load_ms": None, "num_published": 0, "num_dropped": 0,
+                       "load_ms": None, "num_published": 0, "num_dropped": 0, "num_failed": 0,
                        "scheduler_ms_total": 0.0, "error": None}
         self._thread = threading.Thread(target=self._serve, name="harvest-publish", daemon=True)
         self._thread.start()
@@ -102,8 +102,10 @@ class AdapterPublisher:
                 error = f"{type(e).__name__}: {e}"
                 logger.error("harvest: publishing adapter %s version %d failed: %s", self.name, item.version, error)
             with self._done:
-                self._stats["error"] = error
-                if error is None:
+                self._stats["error"] = error  # the last attempt's: a later version that loads clears it
+                if error is not None:
+                    self._stats["num_failed"] += 1
+                else:
                     self._stats.update(version=item.version, step=item.step, num_published=self._stats["num_published"] + 1,
                                        published_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
                 self._done.notify_all()
