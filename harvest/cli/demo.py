@@ -12,6 +12,7 @@
 """
 
 import argparse
+import signal
 import time
 from pathlib import Path
 
@@ -81,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         console.rule("3. stop: the finetune job checkpoints, every process exits")
         codes = deployment.stop()
     console.print(f"exit codes {codes}; adapter checkpoints in {out / 'adapter'}")
+    if codes["prefill"] == -signal.SIGKILL and not deployment.prefill.killed:
+        console.print("prefill -9: SGLang's own server ends its graceful drain by killing itself "
+                      "(sglang.srt.utils.kill_process_tree); harvest did not have to kill it")
     console.rule("4. simulated replay of the full one-hour conv trace, every policy")
     return harvest_main(["replay", "--trace", "conv", "--simulate", "--out", str(out / "sim")])
 

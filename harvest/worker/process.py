@@ -37,6 +37,7 @@ class WorkerProcess:
         self._env = {**os.environ, **(env or {})}
         self._preexec = _sigterm_when_parent_dies if stop_with_parent else None
         self.proc: subprocess.Popen | None = None
+        self.killed = False  # whether stop() had to SIGKILL it
 
     @property
     def argv(self) -> list[str]:
@@ -117,6 +118,7 @@ class WorkerProcess:
             code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.killed = True
             code = self.proc.wait()
         _, alive = psutil.wait_procs(children, timeout=10)
         for child in alive:
