@@ -46,7 +46,7 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
     # --dtype reaches every worker: served in the job's float32, the harvest rows' job computes on the served weights.
     assert {row: run["base_weights"] for row, run in runs.items()} == {
         row: "shared" if row.startswith("harvest-") else None for row in ROWS}
-    assert result["config"]["dtype"] == "float32"
+    assert result["config"]["dtype"] == "float32" and "--dtype float32" in result["command"]
     for row in ROWS:
         if row != "decode-alone":
             assert runs[row]["finetune_tokens_per_s"] > 0, (row, runs[row]["finetune_counted_by"])

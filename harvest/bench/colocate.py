@@ -342,7 +342,7 @@ def _command(args: argparse.Namespace) -> str:
     for window in args.window or DEFAULT_WINDOWS:
         argv += ["--window", window]
     for flag in ("rate_scale", "max_context_tokens", "max_generated_tokens", "concurrency", "tpot_ms", "drain_s",
-                 "repeats", "rows", "job", "model_path", "warmup_steps", "max_total_tokens"):
+                 "repeats", "rows", "job", "model_path", "warmup_steps", "max_total_tokens", "dtype"):
         if getattr(args, flag) is not None:
             argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     return shlex.join(argv)
