@@ -218,7 +218,7 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
     measured time, so no prediction can be wrong (stats say so). device_index: the worker's CUDA device,
     named in the job's device (a bare "cuda" means device 0 in the spatial unit thread, whatever SGLang set)."""
     from harvest.colocation import FinetuneJob, TemporalController
-    from harvest.colocation.slo_tracker import SloTracker
+    from harvest.step_stats import SloTracker
 
     finetune_config = config.finetune
     if finetune_config.device == "cuda":

@@ -1,5 +1,5 @@
 """Decode steps: what harvest knows about one (DecodeStep) and their accounting (StepStats): counters
-since start and a sliding window for percentiles.
+since start and a sliding window for percentiles; SloTracker, the target met or not per step.
 
 Written by the scheduler thread once per step, read by the admin thread on request.
 """
@@ -90,3 +90,34 @@ class StepStats:
         for name, q in (("p50", 50), ("p99", 99)):
             out[f"step_latency_ms_{name}"] = round(float(np.percentile(window, q)), 3) if len(window) else None
         return out
+
+
+class SloTracker:
+    """Decode-step SLO attainment: each step's time, plus the finetune time charged to it, against the target."""
+
+    def __init__(self, tpot_slo_ms: float, window_steps: int):
+        self.tpot_slo_ms = tpot_slo_ms
+        self._lock = threading.Lock()
+        self._window: deque[bool] = deque(maxlen=window_steps)
+        self.num_steps = 0
+        self.num_violations = 0
+
+    def record(self, effective_ms: float) -> bool:
+        """Record one step; True if it met the target."""
+        is_met = effective_ms <= self.tpot_slo_ms
+        with self._lock:
+            self._window.append(is_met)
+            self.num_steps += 1
+            self.num_violations += not is_met
+        return is_met
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            window = list(self._window)
+        return {
+            "tpot_slo_ms": self.tpot_slo_ms,
+            "steps": self.num_steps,
+            "violations": self.num_violations,
+            "attainment_window": round(sum(window) / len(window), 5) if window else None,
+            "attainment_total": round(1 - self.num_violations / self.num_steps, 5) if self.num_steps else None,
+        }

@@ -4,6 +4,7 @@ figure (reclaim time per MiB against one decode step's budget) consistent with t
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 
@@ -48,3 +49,5 @@ def test_harvest_bench_allocator_prints_one_json_object():
     printed = json.loads(result.stdout)
     assert printed["fragmentation_pct"] == printed["fragmentation"]["max_pct"] <= 5.0
     assert printed["step_budget_ms"] == 40.0 and printed["reclaim_ms_per_mib"] > 0
+    assert re.search(r"reclaim\s+[0-9.]+\s+ms/MiB:\s+[0-9]+\s+MiB\s+reclaimed\s+within\s+one\s+40\s+ms\s+step",
+                     result.stderr), result.stderr[-2000:]

@@ -3,20 +3,18 @@ fits the measured slack, the idle-unit wait is charged to the batch that waited,
 
 import pytest
 
-from harvest.colocation.controller import Controller
-from harvest.finetune import FinetuneConfig
-from harvest.colocation.slo_tracker import SloTracker
-from harvest.colocation.temporal_controller import TemporalController
+from harvest.colocation.controller import Controller, TemporalController
 from harvest.config import AdminConfig, ServeConfig
-from harvest.step_stats import DecodeStep
+from harvest.finetune import FinetuneConfig
 from harvest.replay.simulated_job import (
     SimClock,
     SimulatedJob,
     SimulatedSpatialController,
 )
-from predictor.synthetic_profile import SHIPPED_PATH
 from harvest.runtime import _build_controller
+from harvest.step_stats import DecodeStep, SloTracker
 from predictor import Profile, SplitPlanner
+from predictor.synthetic_profile import SHIPPED_PATH
 
 TARGET_MS = 40.0
 UNIT_MS = 5.0

@@ -12,10 +12,9 @@ import torch
 from base.errors import HarvestError
 from harvest.colocation.core_partitions import CorePartitions
 from harvest.colocation.finetune_job import FinetuneState
-from harvest.colocation.slo_tracker import SloTracker
 from harvest.colocation.spatial_controller import SpatialController
 from harvest.replay.simulated_job import SimulatedUnit
-from harvest.step_stats import DecodeStep
+from harvest.step_stats import DecodeStep, SloTracker
 
 CORES = sorted(os.sched_getaffinity(0))
 needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="core partitions need two cores")

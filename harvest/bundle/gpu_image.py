@@ -1,4 +1,4 @@
-"""What the target GPU image already holds (the device's KINDS.md, 'cuda' image, read 2026-11-17).
+"""What the target GPU image already holds (the device's KINDS.md, 'cuda' image).
 
 The bundle carries a distribution the runtime imports unless the image has one that fits.
 """

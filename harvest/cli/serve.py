@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from harvest.worker.supervisor import supervise
 
     model_path = resolve_model_path(args.model_path)
-    finetune, job = _finetune_config(args, model_path)
+    finetune, llamafactory = _finetune_config(args, model_path)
     config = ServeConfig(
         admin=AdminConfig(host=args.admin_host, port=args.admin_port, token=args.admin_token),
         finetune=finetune,
@@ -94,18 +94,18 @@ def run(args: argparse.Namespace) -> int:
     # SGLang's scheduler process loads the PD transfer engine, which links libibverbs (build/syslibs).
     os.environ["LD_LIBRARY_PATH"] = library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))
     passthrough = args.passthrough
-    if job is not None and job.publishing is not None:
+    if llamafactory is not None and llamafactory.publishing is not None:
         from harvest.sglang.lora_flags import lora_flags_for
 
-        passthrough = [*passthrough, *lora_flags_for(job, passthrough, is_cpu_host)]
+        passthrough = [*passthrough, *lora_flags_for(llamafactory, passthrough, is_cpu_host)]
     server_args = parse_sglang_args(build_sglang_argv(str(model_path), passthrough, is_cpu_host))
     return supervise(server_args, config, is_cpu_host)
 
 
 def _finetune_config(args: argparse.Namespace, model_path):
-    """Check the whole job up front (harvest's job check; no model or data loaded): a bad job is an error
-    here, not a failed job inside a worker that took a minute to start."""
-    """(the job's FinetuneConfig, its parsed YAML), (None, None) without --finetune."""
+    """(the job's FinetuneConfig, its LlamaFactoryArgs), (None, None) without --finetune. The whole job is checked
+    up front (harvest's job check; no model or data loaded): a bad job is an error here, not a failed job inside
+    a worker that took a minute to start."""
     if args.finetune is None:
         return None, None
     from base.cuda_driver import has_real_driver
@@ -118,8 +118,8 @@ def _finetune_config(args: argparse.Namespace, model_path):
     config = finetune_config(SERVE_FLAGS, yaml_path=args.finetune, device="cuda" if has_real_driver() else "cpu",
                              max_unit_ms=args.finetune_max_unit_ms, num_window_layers=args.finetune_window_layers,
                              resume=args.finetune_resume, served_model_path=str(model_path))
-    job = check_job(args.finetune, config, resume_flag=SERVE_FLAGS["resume"])
-    return config, job
+    llamafactory = check_job(args.finetune, config, resume_flag=SERVE_FLAGS["resume"])
+    return config, llamafactory
 
 
 def _check_profile(path: str, allow_synthetic: bool) -> None:

@@ -1,6 +1,6 @@
 """Co-location: the finetune job inside the decode worker, step by step under the TPOT SLO."""
 
+from harvest.colocation.controller import TemporalController
 from harvest.colocation.finetune_job import FinetuneJob
-from harvest.colocation.temporal_controller import TemporalController
 
 __all__ = ["FinetuneJob", "TemporalController"]

@@ -18,13 +18,12 @@ import time
 from collections import deque
 
 from harvest.colocation.finetune_job import ACTIVE_PHASES
-from harvest.colocation.slo_tracker import SloTracker
-from harvest.step_stats import DecodeStep
+from harvest.step_stats import DecodeStep, SloTracker
 
 RECENT_UNITS_PER_KIND = 32
 UNIT_QUANTILE_Z = 3.09
 """A unit is admitted if this high a quantile of its kind's recent times fits (the normal 99.9th percentile
-of log unit time): chunk lengths and the host make unit times spread, and an overrun breaks the step."""
+of log unit time): slice lengths and the host make unit times spread, and an overrun breaks the step."""
 BACKOFF_LATENCY_FRACTION = 0.7
 FILL_RECOVERY_PER_STEP = 0.02
 LOOP_OVERHEAD_MS = 2.0
@@ -322,9 +321,8 @@ class Controller:
         """A high quantile of the kind's recent times, at least the longest of them. A kind timed fewer than 2
         times is estimated at twice the job's unit bound (units are cut to the bound, but the first ones before
         any is timed, so they may overrun it), or admitted in idle loops only if it has none.
-        Known (eval/README.md, "Temporal slice"): one warm-up or stall keeps a kind out of every slice until 32
-        newer times replace it, and only idle turns time it; a robust estimate that fixed that (branch
-        unit-estimate) made decode miss the e2e SLO test's target, so it is not shipped."""
+        Known limit: one warm-up or stall keeps a kind out of every slice until 32 newer times replace it, and
+        only idle turns time it (eval/README.md, "Temporal slice", says why a more robust estimate is not used)."""
         cached = self._unit_estimates.get(kind)
         if cached is not None:
             return cached
@@ -339,3 +337,9 @@ class Controller:
         self._unit_estimates[kind] = estimate
         return estimate
 
+
+class TemporalController(Controller):
+    """Temporal co-location (CPU hosts, GPUs without green contexts, HARLI sec. 6.2): decode owns the whole
+    device during its step; finetune units run only in the temporal slice after it and while no batch exists."""
+
+    mode = "temporal"

@@ -16,7 +16,7 @@ import time
 from allocator.unified_allocator import UnifiedAllocator
 
 # Allocator stats sort SGLang's free slot list, so only the scheduler thread may compute them; it refreshes
-# the copy the admin API reads at most this often (a sort of 100k slots costs ~1 ms on this CPU).
+# the copy the admin API reads at most this often (the sort grows with the pool).
 STATS_REFRESH_S = 0.5
 
 

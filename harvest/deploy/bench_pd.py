@@ -29,7 +29,7 @@ from harvest.worker.client import (
 )
 from harvest.worker.process import WorkerProcess, free_ports
 
-# An idle SGLang scheduler busy-polls a core (harvest/bench_serve.py): the worker not being measured would
+# An idle SGLang scheduler busy-polls a core (harvest/bench/serve.py): the worker not being measured would
 # take half of a 2-core host from the one that is. Both decode workers sleep in zmq poll when idle instead.
 SLEEP_ON_IDLE = ("--sleep-on-idle",)
 

@@ -94,8 +94,8 @@ def prefill_lora_flags(serve_args: tuple[str, ...], is_cpu_host: bool) -> tuple[
     from harvest.sglang.lora_flags import lora_flags_for
 
     try:
-        job = LlamaFactoryArgs.from_yaml(job_path)
-        return () if job.publishing is None else tuple(lora_flags_for(job, [], is_cpu_host))
+        llamafactory = LlamaFactoryArgs.from_yaml(job_path)
+        return () if llamafactory.publishing is None else tuple(lora_flags_for(llamafactory, [], is_cpu_host))
     except HarvestError:
         return ()
 

@@ -8,8 +8,9 @@ import sys
 
 from harvest.doctor.check import FAIL, PASS, Check
 from harvest.doctor.vmm_round_trip import vmm_round_trip
+from harvest.sglang.version import PINNED_STACK
 
-PINNED = {"torch": "2.11.0", "sglang": "0.5.12", "transformers": "5.6.0", "llamafactory": "0.9.5"}
+PINNED = {name: PINNED_STACK[name] for name in ("torch", "sglang", "transformers", "llamafactory")}
 PAGE_BLOCK_BYTES = 64 << 10
 
 

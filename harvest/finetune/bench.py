@@ -59,17 +59,17 @@ def _bench(args: argparse.Namespace, work_dir: Path) -> dict:
         config_path = Path(args.config or Path(__file__).parent / "demo" / "demo.yaml")
     overrides = {"max_steps": args.max_steps, "save_steps": 10**6, "output_dir": str(work_dir / "harvest")}
     with contextlib.redirect_stdout(sys.stderr):
-        job = LlamaFactoryArgs.from_yaml(config_path, overrides, model_path=args.model_path)
+        llamafactory = LlamaFactoryArgs.from_yaml(config_path, overrides, model_path=args.model_path)
 
-    lf_raw = {**job.raw, "output_dir": str(work_dir / "llamafactory"), "overwrite_output_dir": True}
+    lf_raw = {**llamafactory.raw, "output_dir": str(work_dir / "llamafactory"), "overwrite_output_dir": True}
     # LlamaFactory prints its training example on stdout, which must carry only the result JSON.
     lf_runs, harvest_runs, windowed_runs = [], [], []
     with contextlib.redirect_stdout(sys.stderr):
         for _ in range(max(args.repeats, 1)):
             lf_runs.append(_run_llamafactory(lf_raw))
-            harvest_runs.append(_run_harvest(job.raw, args.device, None))
+            harvest_runs.append(_run_harvest(llamafactory.raw, args.device, None))
             if not args.no_window_run:
-                windowed_runs.append(_run_harvest(job.raw, args.device, 1))
+                windowed_runs.append(_run_harvest(llamafactory.raw, args.device, 1))
     lf_losses = lf_runs[0][0]
     lf_step_s = _fastest_steps([step_s for _, step_s in lf_runs])
     harvest = {**harvest_runs[0], "step_s": _fastest_steps([run["step_s"] for run in harvest_runs])}
@@ -79,7 +79,7 @@ def _bench(args: argparse.Namespace, work_dir: Path) -> dict:
     tokens = harvest["step_tokens"]
     lf_tps = sum(tokens[1:]) / sum(lf_step_s[1:])
     result = {
-        "model": Path(job.raw["model_name_or_path"]).name,
+        "model": Path(llamafactory.raw["model_name_or_path"]).name,
         "device": args.device,
         "num_threads": torch.get_num_threads(),
         "repeats": len(lf_runs),
@@ -91,7 +91,7 @@ def _bench(args: argparse.Namespace, work_dir: Path) -> dict:
     }
     if not args.no_base_weights_run:
         with contextlib.redirect_stdout(sys.stderr):
-            result["base_weights"] = _base_weights_memory(job.raw, args.device)
+            result["base_weights"] = _base_weights_memory(llamafactory.raw, args.device)
     if windowed is not None:
         result["harvest_window1"] = {
             **_versus(windowed, lf_step_s, tokens),
@@ -145,14 +145,14 @@ def _run_harvest(raw: dict, device: str, num_window_layers: int | None) -> dict:
     from harvest.finetune.llamafactory_args import LlamaFactoryArgs
 
     output_dir = raw["output_dir"] + (f"-w{num_window_layers}" if num_window_layers else "")
-    job = LlamaFactoryArgs.from_dict({**raw, "output_dir": output_dir})
-    engine = FinetuneEngine(job, FinetuneConfig(device=device, num_window_layers=num_window_layers))
+    llamafactory = LlamaFactoryArgs.from_dict({**raw, "output_dir": output_dir})
+    engine = FinetuneEngine(llamafactory, FinetuneConfig(device=device, num_window_layers=num_window_layers))
     losses, step_s = [], []
     while not engine.is_finished:
         started = time.perf_counter()
         losses.append(engine.run_step().loss)
         step_s.append(time.perf_counter() - started)
-    log = [json.loads(line) for line in (job.output_dir / engine.config.log_name).read_text().splitlines()]
+    log = [json.loads(line) for line in (llamafactory.output_dir / engine.config.log_name).read_text().splitlines()]
     result = {"losses": losses, "step_tokens": [record["num_tokens"] for record in log], "step_s": step_s}
     # Shrink from all layers resident to one: the time until the evicted layers' storage is released.
     engine.set_window(engine.units.num_layers)
@@ -180,10 +180,10 @@ def _base_weights_memory(raw: dict, device: str) -> dict:
     model_dir = raw["model_name_or_path"]
     rows, served, dtype = {}, None, None
     for mode in ("copy", "shared"):
-        job = LlamaFactoryArgs.from_dict({**raw, "output_dir": raw["output_dir"] + f"-{mode}"})
+        llamafactory = LlamaFactoryArgs.from_dict({**raw, "output_dir": raw["output_dir"] + f"-{mode}"})
         if mode == "shared":
             served = ServedWeights(_checkpoint_tensors(model_dir, dtype, device), None)
-        engine = FinetuneEngine(job, FinetuneConfig(device=device, served_model_path=model_dir), served_weights=served)
+        engine = FinetuneEngine(llamafactory, FinetuneConfig(device=device, served_model_path=model_dir), served_weights=served)
         engine.run_step()
         dtype = next(p.dtype for p in engine.peft_model.parameters() if not p.requires_grad)
         rows[mode] = {"mode": engine.base_weights["mode"], "reason": engine.base_weights["reason"],

@@ -55,9 +55,9 @@ def finetune_config(flag_names: dict[str, str], **values) -> FinetuneConfig:
 def check_job(yaml_path: str | Path, config: FinetuneConfig, overrides: dict[str, Any] | None = None,
               model_path: str | None = None, resume_flag: str = "--resume") -> LlamaFactoryArgs:
     """Parse and check the whole job; returns the parsed job (LlamaFactory's own parse runs once)."""
-    job = LlamaFactoryArgs.from_yaml(yaml_path, overrides, model_path)
-    check_output_dir(job, config.resume, resume_flag)
-    return job
+    llamafactory = LlamaFactoryArgs.from_yaml(yaml_path, overrides, model_path)
+    check_output_dir(llamafactory, config.resume, resume_flag)
+    return llamafactory
 
 
 def check_values(raw: dict[str, Any]) -> None:
@@ -71,8 +71,8 @@ def check_values(raw: dict[str, Any]) -> None:
             raise HarvestError(f"{key}: {raw[key]!r} must be {what}")
 
 
-def check_output_dir(job: LlamaFactoryArgs, resume: bool, resume_flag: str = "--resume") -> None:
-    output_dir = job.output_dir
+def check_output_dir(llamafactory: LlamaFactoryArgs, resume: bool, resume_flag: str = "--resume") -> None:
+    output_dir = llamafactory.output_dir
     if output_dir.exists() and not output_dir.is_dir():
         raise HarvestError(f"output_dir: {str(output_dir)!r} exists and is not a directory")
     ancestor = next(p for p in [output_dir, *output_dir.parents] if p.exists())
@@ -83,7 +83,7 @@ def check_output_dir(job: LlamaFactoryArgs, resume: bool, resume_flag: str = "--
     has_checkpoint = output_dir.is_dir() and CheckpointStore(output_dir).latest() is not None
     if resume and not has_checkpoint:
         raise HarvestError(f"{resume_flag}: no harvest checkpoint in output_dir {str(output_dir)!r}")
-    if not resume and has_checkpoint and not job.raw.get("overwrite_output_dir", False):
+    if not resume and has_checkpoint and not llamafactory.raw.get("overwrite_output_dir", False):
         raise HarvestError(f"output_dir: {str(output_dir)!r} holds checkpoints of an earlier run; "
                            f"pass {resume_flag} to continue it or set overwrite_output_dir: true")
 

@@ -22,9 +22,7 @@ import random
 import numpy as np
 
 from base.errors import HarvestError
-from harvest.colocation.slo_tracker import SloTracker
-from harvest.colocation.temporal_controller import TemporalController
-from harvest.step_stats import DecodeStep
+from harvest.colocation.controller import TemporalController
 from harvest.replay.finetune_rates import FinetuneRates
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
 from harvest.replay.simulated_job import (
@@ -32,6 +30,7 @@ from harvest.replay.simulated_job import (
     SimulatedJob,
     SimulatedSpatialController,
 )
+from harvest.step_stats import DecodeStep, SloTracker
 from predictor import Profile, SplitPlanner
 
 

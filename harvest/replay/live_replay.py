@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 
 from base.errors import HarvestError
-from harvest.replay.policy_summary import binned_series, cdf, decode_metrics
+from harvest.replay.policy_summary import SCHEMA_VERSION, binned_series, cdf, decode_metrics
 from harvest.worker.client import generate_prefilled, read_steps_after
 from traces.trace import Trace
 
@@ -189,7 +189,7 @@ class LiveReplay:
             ),
         }
         return {
-            "schema_version": 1,
+            "schema_version": SCHEMA_VERSION,
             "mode": "live",
             "created_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "target": self.target_url,

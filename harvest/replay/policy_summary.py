@@ -7,6 +7,8 @@ import numpy as np
 from harvest.replay.decode_simulator import DeviceRun
 
 CDF_POINTS = 201
+SCHEMA_VERSION = 1
+"""Of results.json, live and simulated (the schema: eval/README.md)."""
 
 
 def percentiles(values: np.ndarray, prefix: str, qs=(50, 90, 99)) -> dict:

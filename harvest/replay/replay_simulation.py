@@ -10,13 +10,12 @@ from base.errors import HarvestError
 from harvest.replay.colocation_policies import POLICY_CLASSES
 from harvest.replay.decode_simulator import DecodeSimulator, DeviceRun
 from harvest.replay.finetune_rates import FinetuneRates
-from harvest.replay.policy_summary import summarize_policy
+from harvest.replay.policy_summary import SCHEMA_VERSION, summarize_policy
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
 from predictor import Profile
 from predictor.synthetic_profile import is_synthetic
 from traces.trace import Trace
 
-SCHEMA_VERSION = 1
 DEDICATED_FINETUNE_DEVICE = {"separate": True, "harvest": True, "temporal": True, "static": False, "oracle": True}
 NUM_DECODE_DEVICES = {"separate": 1, "harvest": 1, "temporal": 1, "static": 2, "oracle": 1}
 

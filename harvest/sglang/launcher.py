@@ -24,8 +24,8 @@ CPU_DEFAULT_FLAGS = {
     "--attention-backend": ["torch_native"],
     "--disable-cuda-graph": [],
     # A CPU forward is synchronous, so overlap scheduling gains nothing there, and it processes a step's
-    # result only after the next step ran: harvest would time two forwards as one step (measured with the
-    # embedded model: 313 ms per step in harvest's records, 158 ms between streamed tokens).
+    # result only after the next step ran: harvest would time two forwards as one step (eval/README.md,
+    # "Serving overhead").
     "--disable-overlap-schedule": [],
     # A lone decode worker has no prefill worker to receive KV from: `fake` treats every request as prefilled.
     # In a PD deployment (`harvest deploy`) mooncake moves the KV, over TCP where there is no RDMA device.

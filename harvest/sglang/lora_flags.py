@@ -8,10 +8,10 @@ from harvest.sglang.launcher import flag_value, has_flag
 CPU_LORA_BACKEND = "torch_native"
 
 
-def lora_flags_for(job, passthrough: list[str], is_cpu_host: bool) -> list[str]:
-    """Flags to add to `passthrough` so SGLang can load the job's adapter from tensors."""
-    rank = job.finetuning_args.lora_rank
-    targets = _lora_targets(job.finetuning_args.lora_target)
+def lora_flags_for(llamafactory, passthrough: list[str], is_cpu_host: bool) -> list[str]:
+    """Flags to add to `passthrough` so SGLang can load the job's adapter (its LlamaFactoryArgs) from tensors."""
+    rank = llamafactory.finetuning_args.lora_rank
+    targets = _lora_targets(llamafactory.finetuning_args.lora_target)
     flags = [] if has_flag(passthrough, "--enable-lora") else ["--enable-lora"]
     given_rank = flag_value(passthrough, "--max-lora-rank")
     if given_rank is None:
