@@ -222,6 +222,7 @@ def test_publishing_during_a_replay_is_charged_to_steps_within_the_target(publis
     print({"requests_naming_the_adapter": len(statuses), "steps": len(steps), "job_steps": after["step"] - before["step"], "versions_served": served, "dropped": dropped, "charged_ms": charged_ms,
            "steps_charged": sum(s["publish_ms"] > 0 for s in steps), "attainment": sum(within) / len(within),
            "max_publish_ms": max(s["publish_ms"] for s in steps),
+           "slice_reserve_ms": httpx.get(f"{worker.admin_url}/harvest/stats", timeout=60).json()["colocation"]["slice_reserve_ms"],
            "over": [s for s, ok in zip(steps, within) if not ok]})
     assert len(steps) > 50
     assert sum(within) / len(within) >= 0.99

@@ -5,9 +5,10 @@ planner gave them).
 
 After every step, what is left of its TPOT budget, as measured, goes to finetune units on the whole device
 (the temporal slice): a unit is admitted while a high quantile of its kind's recent times fits, within a
-share of the slack that backs off when a step runs long or misses the target, and no longer than keeps the
-batch it would grow within what decode alone can serve in the target (BatchCost; eval/README.md, "Temporal
-slice", says why each number is what it is). The step's record says what it was charged: the slice, and the wait of a batch that
+share of the slack that backs off when a step runs long or misses the target, less a reserve for how far
+recent units ran past their estimates (host stalls), and no longer than keeps the batch it would grow
+within what decode alone can serve in the target (BatchCost; eval/README.md, "Temporal slice", says why each
+number is what it is). The step's record says what it was charged: the slice, and the wait of a batch that
 arrived while an idle-time unit ran.
 """
 
@@ -32,6 +33,12 @@ BATCH_COST_DECAY = 0.99
 RECENT_OVERRUNS = 256
 MIN_OVERRUNS = 64
 OVERRUN_QUANTILE = 0.99
+RECENT_SLICES = 256
+RESERVE_QUANTILE = 0.99
+"""The slice keeps back this high a quantile, over recent slices, of how far a slice's units ran past the
+estimates they were admitted at: a unit the host stalls (preemption, another thread holding the GIL) overruns
+any estimate of its own kind. A slice ends within its budget if no unit ran further past its estimate than
+the reserve, so at most ~1 % of slices overrun by a stall."""
 
 
 class BatchCost:
@@ -122,6 +129,8 @@ class Controller:
         self.num_units_idle = 0
         self.finetune_ms_in_slack = 0.0
         self.max_idle_wait_ms = 0.0
+        self._slice_excess_ms: deque[float] = deque(maxlen=RECENT_SLICES)
+        self.slice_reserve_ms = 0.0
 
     # ---- the interface the step loop uses ----
 
@@ -182,16 +191,24 @@ class Controller:
         did_memory_work = self._rebalance_memory(kv_demand_slots, can_grow=budget_ms > 0)
         self.job.poll()
         ran_any = False
+        admit_ms = budget_ms - self.slice_reserve_ms
+        excess_ms = 0.0
         while self.job.has_ready_work():
-            if self._next_unit_estimate_ms() > budget_ms - (self.clock() - started) * 1e3:
+            estimate_ms = self._next_unit_estimate_ms()
+            if estimate_ms > admit_ms - (self.clock() - started) * 1e3:
                 break
             result = self._run_unit()
             if result is None:
                 break
+            excess_ms = max(excess_ms, result.duration_ms - estimate_ms)
             ran_any = True
             step.finetune_tokens += result.num_trained_tokens
             self.num_units_in_slack += 1
         finetune_ms = (self.clock() - started) * 1e3 if ran_any or did_memory_work or self._decision_co_ran() else 0.0
+        if budget_ms > 0:  # a slice with no unit counts too: a reserve that leaves no room is forgotten
+            self._slice_excess_ms.append(excess_ms)
+            ordered = sorted(self._slice_excess_ms)
+            self.slice_reserve_ms = ordered[int(RESERVE_QUANTILE * (len(ordered) - 1))]
         self.finetune_ms_in_slack += finetune_ms
         if not ran_any:
             self.job.note_no_room()
@@ -201,6 +218,10 @@ class Controller:
         if not step.is_slo_met:
             self.fill_fraction /= 2  # whatever overran (a unit, memory work, the wait), give decode room
 
+        if budget_ms > 0:  # a slice with no unit counts too: a reserve that leaves no room is forgotten
+            self._slice_excess_ms.append(excess_ms)
+            ordered = sorted(self._slice_excess_ms)
+            self.slice_reserve_ms = ordered[int(RESERVE_QUANTILE * (len(ordered) - 1))]
     def charge_publish_ms(self, load_ms: float) -> None:
         """SGLang loading a published adapter in the scheduler thread, outside a step, delays the next step:
         charged to it as a wait, like an idle-time unit (step.publish_ms says how much of the wait it was)."""
@@ -243,6 +264,7 @@ class Controller:
             else round(self.batch_cost.slope_ms, 3),
             "decode_overrun_quantile": round(self.batch_cost.overrun_quantile, 3),
             "slices_cut_for_growth": self.num_slices_cut_for_growth,
+            "slice_reserve_ms": round(self.slice_reserve_ms, 3),
             "units_in_slack": self.num_units_in_slack,
             "units_idle": self.num_units_idle,
             "finetune_ms_in_slack": round(self.finetune_ms_in_slack, 1),
