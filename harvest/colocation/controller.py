@@ -218,10 +218,6 @@ class Controller:
         if not step.is_slo_met:
             self.fill_fraction /= 2  # whatever overran (a unit, memory work, the wait), give decode room
 
-        if budget_ms > 0:  # a slice with no unit counts too: a reserve that leaves no room is forgotten
-            self._slice_excess_ms.append(excess_ms)
-            ordered = sorted(self._slice_excess_ms)
-            self.slice_reserve_ms = ordered[int(RESERVE_QUANTILE * (len(ordered) - 1))]
     def charge_publish_ms(self, load_ms: float) -> None:
         """SGLang loading a published adapter in the scheduler thread, outside a step, delays the next step:
         charged to it as a wait, like an idle-time unit (step.publish_ms says how much of the wait it was)."""
