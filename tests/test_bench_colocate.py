@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.bench.colocate import ROWS
+from harvest.bench.colocate import CORE_PROFILE, ROWS
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
 
@@ -47,6 +47,7 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
     assert {row: run["base_weights"] for row, run in runs.items()} == {
         row: "shared" if row.startswith("harvest-") else None for row in ROWS}
     assert result["config"]["dtype"] == "float32" and "--dtype float32" in result["command"]
+    assert result["config"]["profile"] == str(CORE_PROFILE) and f"--profile {CORE_PROFILE}" in result["command"]
     for row in ROWS:
         if row != "decode-alone":
             assert runs[row]["finetune_tokens_per_s"] > 0, (row, runs[row]["finetune_counted_by"])
@@ -82,6 +83,7 @@ def test_a_child_started_to_stop_with_its_parent_stops_when_the_parent_is_killed
     (["--window", "steady"], "expected NAME=TRACE:START+LENGTH"),
     (["--rows", "decode-alone,three-processes"], "unknown row 'three-processes'"),
     (["--window", "x=conv:99999s+1s"], "no request arrives"),
+    (["--rows", "harvest-spatial", "--profile", "no-such.json"], "cannot read profile no-such.json"),
 ])
 def test_bad_flags_get_one_line_and_start_nothing(flags, message, harvest_cli, tmp_path):
     proc = subprocess.run([*harvest_cli, "bench", "colocate", *flags, "--log-dir", str(tmp_path / "logs")],

@@ -6,6 +6,7 @@ rates; the solo-only grid is checked in test_profile_partitions.py. The GPU form
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import free_port
@@ -34,13 +35,14 @@ def test_profile_co_run_measures_one_step_records_every_core_partition_and_the_f
         [*harvest_cli, "profile", "--co-run", "--model-path", str(tiny_model_dir), "--out", "profiles/tiny.json",
          "--finetune", str(job.relative_to(tmp_path)), "--finetune-steps", "1", "--max-batch-size", "6",
          "--max-seq-len", "64", "--seq-levels", "2", "--passes", "1", "--repeats", "3", "--held-out", "1",
-         "--port", str(free_port()), "--admin-port", str(free_port())],
+         "--dtype", "float32", "--port", str(free_port()), "--admin-port", str(free_port())],
         cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert 0.7 < summary["step_latency_over_interval_p50"] < 1.4
     assert summary["device"].startswith("CPU") and summary["dropped_partitions"] == []
+    assert summary["dtype"] == "float32" and "dtype='float32'" in Path(summary["worker_log"]).read_text()
     profile = Profile.load(tmp_path / "profiles" / "tiny.json")
     assert profile.samples_source.path == "profiles/tiny.samples.csv"
     assert profile.finetune_config_id == str(job.relative_to(tmp_path))

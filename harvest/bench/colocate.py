@@ -39,10 +39,10 @@ from harvest.worker.process import WorkerProcess, free_ports
 DEMO_JOB = Path(__file__).resolve().parents[1] / "finetune" / "demo" / "demo.yaml"
 CORE_PROFILE = Path(__file__).resolve().parents[2] / "predictor" / "profiles" / "cpu-cores-smollm2-135m.json"
 HARVEST_MODES = {
-    # co-location mode: the `harvest serve` flags that select it (a new mode is one line here)
+    # co-location mode: the `harvest serve` flags that select it, less the profile (a new mode is one line here)
     "temporal": (),
-    # the shipped co-run profile of this 2-core host's core partitions: the planner picks (2, 0) or (1, 1) per step
-    "spatial": ("--profile", str(CORE_PROFILE)),
+    # with a co-run profile of this host's core partitions: the planner picks (2, 0) or (1, 1) per step
+    "spatial": ("--profile",),
 }
 ROWS = {  # row id (--rows, JSON): what the table calls it; in run order (reversed on odd repeats)
     "decode-alone": "decode alone",
@@ -74,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto",
                         help="every decode worker's serving dtype (SGLang flag; float32 on a CPU: the job computes "
                              "on the served weights, one copy)")
+    parser.add_argument("--profile", default=str(CORE_PROFILE),
+                        help="the spatial row's co-run profile (default: the shipped one of a 2-core CPU host)")
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
     parser.add_argument("--log-dir", default="runs/bench-colocate", help="worker and trainer logs")
 
@@ -87,6 +89,10 @@ def run(args: argparse.Namespace) -> dict:
         raise HarvestError(f"--rows: unknown row {unknown[0]!r}; rows: {','.join(ROWS)}")
     if args.repeats < 1 or args.warmup_steps < 1:
         raise HarvestError("--repeats and --warmup-steps must be >= 1")
+    if "harvest-spatial" in rows:
+        from predictor import Profile
+
+        Profile.load(args.profile)  # a bad profile is refused here, not by the first spatial worker
     traces = {name: _load_window(spec, args) for name, spec in windows}
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -126,7 +132,7 @@ def run(args: argparse.Namespace) -> dict:
         "config": {"tpot_slo_ms": args.tpot_ms, "rate_scale": args.rate_scale, "concurrency": args.concurrency,
                    "max_context_tokens": args.max_context_tokens,
                    "max_generated_tokens": args.max_generated_tokens, "repeats": args.repeats,
-                   "warmup_steps": args.warmup_steps, "dtype": args.dtype, "job": job,
+                   "warmup_steps": args.warmup_steps, "dtype": args.dtype, "profile": args.profile, "job": job,
                    "harvest_modes": dict(HARVEST_MODES)},
         "device": _device_name(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -185,8 +191,9 @@ def _worker_config(row: str, job: dict, model_path: str, run_dir: Path,
         job_path = run_dir / "job.yaml"
         run_dir.mkdir(parents=True, exist_ok=True)
         job_path.write_text(yaml.safe_dump({**job, "output_dir": str((run_dir / "adapter").resolve())}))
-        flags += ["--finetune", str(job_path), "--tpot-slo-ms", str(args.tpot_ms),
-                  *HARVEST_MODES[row.removeprefix("harvest-")]]
+        mode_flags = HARVEST_MODES[row.removeprefix("harvest-")]
+        flags += ["--finetune", str(job_path), "--tpot-slo-ms", str(args.tpot_ms), *mode_flags,
+                  *([args.profile] if "--profile" in mode_flags else [])]
     cpus = tuple(cpu_halves()[0]) if row == "two-process-pinned" else None
     return tuple(flags), cpus
 
@@ -342,7 +349,7 @@ def _command(args: argparse.Namespace) -> str:
     for window in args.window or DEFAULT_WINDOWS:
         argv += ["--window", window]
     for flag in ("rate_scale", "max_context_tokens", "max_generated_tokens", "concurrency", "tpot_ms", "drain_s",
-                 "repeats", "rows", "job", "model_path", "warmup_steps", "max_total_tokens", "dtype"):
+                 "repeats", "rows", "job", "model_path", "warmup_steps", "max_total_tokens", "dtype", "profile"):
         if getattr(args, flag) is not None:
             argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     return shlex.join(argv)

@@ -35,6 +35,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--statistic", choices=sorted(VISIT_STATISTICS), default="min",
                         help="which of a point's kept visits is its sample: min, the least disturbed (default), "
                         "or median")
+    parser.add_argument("--dtype", default="auto",
+                        help="the worker's serving dtype (SGLang flag; serve with the one profiled: float32 on a CPU "
+                        "for a job that computes on the served weights)")
     parser.add_argument("--co-run", action="store_true",
                         help="profile the device's partitions too (needs --finetune): decode pinned to some SMs (a "
                         "CPU's cores) with the job co-running on others; the profile then makes `harvest serve "

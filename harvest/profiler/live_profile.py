@@ -43,6 +43,8 @@ class LiveProfileConfig:
     statistic: str = "min"
     port: int = 30010
     admin_port: int = 30110
+    dtype: str = "auto"
+    """The worker's serving dtype (SGLang's --dtype): serve with the one profiled."""
     co_run: bool = False
     """Profile the device's partitions too (cores of a CPU, SMs of a GPU): decode on some with the finetune job
     co-running on others."""
@@ -124,7 +126,7 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
     worker = WorkerProcess(
         ["--model-path", str(model_path), "--max-running-requests", str(config.max_batch_size),
          # PD decode reserves room to grow each running request (num_reserved_decode_tokens, 512) on top.
-         "--max-total-tokens", str(max_kv_tokens + 512 * config.max_batch_size + 1024),
+         "--max-total-tokens", str(max_kv_tokens + 512 * config.max_batch_size + 1024), "--dtype", config.dtype,
          *WORKER_FLAGS, *_co_run_flags(config, grid.num_sms)],
         config.port, config.admin_port, log_dir / "worker.log",
     )
@@ -218,6 +220,7 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
         "num_disturbed_visits": sum(revisits.values()),
         "foreign_cores_p50": round(statistics.median(foreign_cores), 3),
         "statistic": config.statistic,
+        "dtype": config.dtype,
         "worker_log": str(worker.log_path),
         "startup_s": round(startup_s, 1),
         "measure_s": round(measure_s, 1),
