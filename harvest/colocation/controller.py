@@ -41,6 +41,12 @@ any estimate of its own kind. A slice ends within its budget if no unit ran furt
 the reserve, so at most ~1 % of slices overrun by a stall."""
 
 
+def _quantile(values, q: float) -> float:
+    """The q-quantile of `values` by rank (no interpolation: a value that was measured)."""
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
+
+
 class BatchCost:
     """How decode alone grows with the batch, and so how far the slices may stretch a step.
 
@@ -67,8 +73,7 @@ class BatchCost:
             if fitted > 0:
                 self._overrun.append(latency_ms / fitted)
                 if len(self._overrun) >= MIN_OVERRUNS and len(self._overrun) % 16 == 0:
-                    ordered = sorted(self._overrun)
-                    self._overrun_quantile = max(1.0, ordered[int(OVERRUN_QUANTILE * (len(ordered) - 1))])
+                    self._overrun_quantile = max(1.0, _quantile(self._overrun, OVERRUN_QUANTILE))
         d = self.decay
         self._w = d * self._w + 1.0
         self._b = d * self._b + batch_size
@@ -207,8 +212,7 @@ class Controller:
         finetune_ms = (self.clock() - started) * 1e3 if ran_any or did_memory_work or self._decision_co_ran() else 0.0
         if budget_ms > 0:  # a slice with no unit counts too: a reserve that leaves no room is forgotten
             self._slice_excess_ms.append(excess_ms)
-            ordered = sorted(self._slice_excess_ms)
-            self.slice_reserve_ms = ordered[int(RESERVE_QUANTILE * (len(ordered) - 1))]
+            self.slice_reserve_ms = _quantile(self._slice_excess_ms, RESERVE_QUANTILE)
         self.finetune_ms_in_slack += finetune_ms
         if not ran_any:
             self.job.note_no_room()
