@@ -39,10 +39,10 @@ from harvest.worker.process import WorkerProcess, free_ports
 DEMO_JOB = Path(__file__).resolve().parents[1] / "finetune" / "demo" / "demo.yaml"
 CORE_PROFILE = Path(__file__).resolve().parents[2] / "predictor" / "profiles" / "cpu-cores-smollm2-135m.json"
 HARVEST_MODES = {
-    # co-location mode: the `harvest serve` flags that select it, less the profile (a new mode is one line here)
-    "temporal": (),
-    # with a co-run profile of this host's core partitions: the planner picks (2, 0) or (1, 1) per step
-    "spatial": ("--profile",),
+    # co-location mode: the `harvest serve` flags that select it, from the bench's flags (a new mode is one line)
+    "temporal": lambda args: (),
+    # with a co-run profile of this host's core partitions (--profile): the planner picks (2, 0) or (1, 1) per step
+    "spatial": lambda args: ("--profile", args.profile),
 }
 ROWS = {  # row id (--rows, JSON): what the table calls it; in run order (reversed on odd repeats)
     "decode-alone": "decode alone",
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> dict:
                    "max_context_tokens": args.max_context_tokens,
                    "max_generated_tokens": args.max_generated_tokens, "repeats": args.repeats,
                    "warmup_steps": args.warmup_steps, "dtype": args.dtype, "profile": args.profile, "job": job,
-                   "harvest_modes": dict(HARVEST_MODES)},
+                   "harvest_modes": {mode: list(flags(args)) for mode, flags in HARVEST_MODES.items()}},
         "device": _device_name(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 1),
@@ -191,9 +191,8 @@ def _worker_config(row: str, job: dict, model_path: str, run_dir: Path,
         job_path = run_dir / "job.yaml"
         run_dir.mkdir(parents=True, exist_ok=True)
         job_path.write_text(yaml.safe_dump({**job, "output_dir": str((run_dir / "adapter").resolve())}))
-        mode_flags = HARVEST_MODES[row.removeprefix("harvest-")]
-        flags += ["--finetune", str(job_path), "--tpot-slo-ms", str(args.tpot_ms), *mode_flags,
-                  *([args.profile] if "--profile" in mode_flags else [])]
+        flags += ["--finetune", str(job_path), "--tpot-slo-ms", str(args.tpot_ms),
+                  *HARVEST_MODES[row.removeprefix("harvest-")](args)]
     cpus = tuple(cpu_halves()[0]) if row == "two-process-pinned" else None
     return tuple(flags), cpus
 
