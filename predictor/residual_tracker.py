@@ -6,6 +6,12 @@ once), while a stale co-run model is off per partition (the offsets, zero until 
 Both are EWMAs; while fewer than 1/alpha observations exist the step is 1/n, a running mean, so the
 first measurements are not under-weighted (an offset's zero prior counts as one observation). The level
 being shared lets the planner scale every prediction by it at once and rebuild only the measured row.
+
+What the planner *values* a partition at (not whether it fits) forgets a slow offset: a partition measured
+slower than the model once (a cold first step, a host stall) would otherwise never be picked again, so never
+measured again (seen live: one 77 ms first co-run step kept a 2-core host on decode-only for a whole run).
+The offset fades toward the device level by `fade` per device-wide step since the partition was last
+measured, so the planner tries it again; its feasibility keeps the unfaded offset and its own margin.
 """
 
 import math
@@ -19,6 +25,8 @@ class PartitionResidual:
     offset: float = 0.0
     """log(measured / model) of this partition minus the device-wide level."""
     num_observed: int = 0
+    last_observed: int = 0
+    """The tracker's num_observed when this partition was last measured."""
     sum_predicted_ms: float = 0.0
     sum_measured_ms: float = 0.0
     sum_ape: float = 0.0
@@ -50,10 +58,11 @@ class PredictionStats:
 
 
 class ResidualTracker:
-    __slots__ = ("alpha", "level", "num_observed", "_partitions", "_sum_ape", "_sum_bias", "_last")
+    __slots__ = ("alpha", "fade", "level", "num_observed", "_partitions", "_sum_ape", "_sum_bias", "_last")
 
-    def __init__(self, alpha: float) -> None:
+    def __init__(self, alpha: float, fade: float = 1.0) -> None:
         self.alpha = alpha
+        self.fade = fade
         self.level = 0.0
         self.num_observed = 0
         self._partitions: dict[Partition, PartitionResidual] = {}
@@ -70,6 +79,20 @@ class ResidualTracker:
         residual = self._partitions.get(partition)
         return 1.0 if residual is None else math.exp(residual.offset)
 
+    def optimistic_relative_correction(self, partition: Partition) -> float:
+        """relative_correction with a slow offset (> 0) faded by `fade` per step since the partition was
+        last measured; a fast one is kept. What the planner values the partition at, never what it checks
+        the target with."""
+        residual = self._partitions.get(partition)
+        if residual is None or residual.offset <= 0.0:
+            return self.relative_correction(partition)
+        return math.exp(residual.offset * self.fade ** (self.num_observed - residual.last_observed))
+
+    def faded_partitions(self, min_age: int) -> list[Partition]:
+        """The partitions valued on a faded offset: measured slow, and not in the last `min_age` steps."""
+        return [p for p, r in self._partitions.items()
+                if r.offset > 0.0 and self.num_observed - r.last_observed >= min_age]
+
     def correction(self, partition: Partition) -> float:
         residual = self._partitions.get(partition)
         return math.exp(self.level + (0.0 if residual is None else residual.offset))
@@ -82,6 +105,7 @@ class ResidualTracker:
         self.num_observed += 1
         self.level += max(self.alpha, 1.0 / self.num_observed) * (log_ratio - self.level)
         residual.num_observed += 1
+        residual.last_observed = self.num_observed
         step = max(self.alpha, 1.0 / (residual.num_observed + 1))
         residual.offset += step * (log_ratio - self.level - residual.offset)
         ape = abs(predicted_ms - measured_ms) / measured_ms * 100.0
@@ -108,6 +132,7 @@ class ResidualTracker:
                     "mean_measured_ms": r.sum_measured_ms / r.num_observed,
                     "mape": r.sum_ape / r.num_observed,
                     "correction": self.correction(p),
+                    "valued_at_correction": self.global_correction * self.optimistic_relative_correction(p),
                 }
                 for p, r in self._partitions.items()
             },

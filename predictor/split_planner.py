@@ -15,8 +15,9 @@ A decision must cost a few arithmetic operations (HARLI: 5 us per prediction). W
 partition: its candidates in ascending order of the solo latency each allows (target / (factor * margin)),
 and the suffix minimum of the loss coefficient (R - r_f) * factor. A decision evaluates the solo line once
 per inference partition, bisects for the feasible suffix and reads its best candidate. observe() rebuilds
-the measured partition's candidate and row every REBUILD_EVERY of its steps (every row when the device-wide
-margin moved, checked each REFRESH_EVERY steps).
+the measured partition's candidate and row every REBUILD_EVERY of its steps; each REFRESH_EVERY steps, every
+row if the device-wide margin moved, else the rows of partitions measured slow and unused since (their value
+fades, OFFSET_FADE: residual_tracker.py says why).
 """
 
 import math
@@ -36,6 +37,9 @@ REFRESH_EVERY = 256
 REFRESH_TOLERANCE = 0.05
 REBUILD_EVERY = 4
 PRUNE_SLACK = 1.1
+OFFSET_FADE = 0.99
+"""Per step, how much of a partition's slow offset its value keeps while it is not used (~100 steps of memory,
+as the controller's decode cost fit): a partition slow steps priced out is tried again at the next refresh."""
 TIE_TOLERANCE = 1e-9  # relative: losses this close train the same tokens up to rounding
 
 
@@ -79,7 +83,7 @@ class SplitPlanner:
         self.tpot_slo_ms = float(tpot_slo_ms)
         model = profile.latency_model
         self._plateau = model.solo.plateau_batch_size
-        self._tracker = ResidualTracker(config.ewma_alpha)
+        self._tracker = ResidualTracker(config.ewma_alpha, OFFSET_FADE)
         self.margin = PlanMargin(plan_margin)
         self._full_sms = max(model.solo.infer_options)
         full = model.solo.coefficients(self._full_sms)
@@ -119,11 +123,14 @@ class SplitPlanner:
         self._active_rows = [row for row in self._rows if row[6][0][1] * row[7] < bound]
 
     def _candidate(self, infer_sms: int, ft_sms: int, slowdown: float, rate: float) -> tuple:
-        """(solo latency it allows, loss coefficient, ft_sms, prediction factor, margin, slowdown, rate)."""
-        factor = slowdown * self._tracker.relative_correction((infer_sms, ft_sms))
-        margin = self.margin((infer_sms, ft_sms))
+        """(solo latency it allows, loss coefficient, ft_sms, prediction factor, margin, slowdown, rate). The
+        allowance (does it fit) uses the partition's correction; the loss (what it is worth), the optimistic one."""
+        partition = (infer_sms, ft_sms)
+        factor = slowdown * self._tracker.relative_correction(partition)
+        valued_factor = slowdown * self._tracker.optimistic_relative_correction(partition)
+        margin = self.margin(partition)
         allowance = _allowance(self.tpot_slo_ms, factor * margin)
-        return (allowance, (self._slice_rate - rate) * factor, ft_sms, factor, margin, slowdown, rate)
+        return (allowance, (self._slice_rate - rate) * valued_factor, ft_sms, factor, margin, slowdown, rate)
 
     def _rebuild(self, partition: tuple[int, int]) -> None:
         i, f = partition
@@ -206,6 +213,9 @@ class SplitPlanner:
             if self._is_spatial and abs(self.margin.device() / self._device_margin - 1.0) > REFRESH_TOLERANCE:
                 self._refresh_rows()
             elif self._is_spatial:
+                for i, f in self._tracker.faded_partitions(REBUILD_EVERY):
+                    if f in self._candidates.get(i, ()):
+                        self._rebuild((i, f))
                 self._prune_rows()
         elif decision.ft_sms:
             # Rebuilt every REBUILD_EVERY observations of the partition: in between its row plans with a

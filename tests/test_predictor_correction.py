@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from test_predictor_planner import fixed_model, make_profile
 
 from predictor.partition_grid import PartitionGrid
-from predictor.split_planner import SplitPlanner
+from predictor.split_planner import REBUILD_EVERY, SplitPlanner
 from predictor.synthetic_device import SyntheticDevice
 
 
@@ -64,9 +64,9 @@ def test_stale_colo_model_converges_per_partition_and_stats_show_it():
 observations = st.lists(st.tuples(st.integers(1, 256), st.floats(1, 4096), st.floats(0.5, 2.0)), max_size=30)
 
 
-def correction(planner: SplitPlanner, partition) -> float:
+def correction(planner: SplitPlanner, partition, key: str = "correction") -> float:
     stats = planner.stats()
-    return stats.partitions.get(partition, {}).get("correction", stats.global_correction)
+    return stats.partitions.get(partition, {}).get(key, stats.global_correction)
 
 
 @settings(max_examples=60, deadline=None)
@@ -74,7 +74,7 @@ def correction(planner: SplitPlanner, partition) -> float:
 def test_decision_is_brute_force_best_of_corrected_predictions(history, batch_size, seq_len, target, margin):
     """Pins the row build: after any observations (and a refresh), plan() equals enumeration of every
     candidate's corrected prediction (correction(partition) * model prediction), a co-run one feasible
-    when it stays within target * (1 - margin)."""
+    when it stays within target * (1 - margin) and valued at its optimistic correction's prediction."""
     model = fixed_model()
     planner = SplitPlanner(make_profile(model), target, plan_margin=margin)
     for b, s, bias in history:
@@ -87,7 +87,8 @@ def test_decision_is_brute_force_best_of_corrected_predictions(history, batch_si
     for i, f in model.partitions():
         d = correction(planner, (i, f)) * model.predict_colo_ms(i, f, batch_size, seq_len)
         if f and d <= target * (1 - margin):
-            values[(i, f)] = f / 132 * d + target - d  # proxy rates: SM shares
+            valued = correction(planner, (i, f), "valued_at_correction") * model.predict_colo_ms(i, f, batch_size, seq_len)
+            values[(i, f)] = f / 132 * valued + target - valued  # proxy rates: SM shares
     assert decision.finetune_tokens_per_s * target == pytest.approx(max(values.values()), rel=1e-9, abs=1e-9)
     assert values[(decision.infer_sms, decision.ft_sms)] == pytest.approx(max(values.values()), rel=1e-9, abs=1e-9)
     assert decision.model_ms == pytest.approx(
@@ -119,3 +120,35 @@ def test_learned_margin_keeps_the_target_under_noise_without_a_hand_set_margin(n
     assert len(co_run) > 0.01 * len(log)  # the margin is exercised on real co-run steps
     assert sum(m <= target for _, m in co_run) / len(co_run) >= 0.999
     assert planner.margin.device() == pytest.approx(math.exp(3.09 * noise), rel=0.25)
+
+
+
+def test_a_partition_priced_out_by_one_slow_step_is_tried_again_and_kept_where_it_is_fast():
+    """Seen live on the 2-core host: one cold first co-run step ran ~2x its prediction, the co-run partition's
+    correction priced it out, decode-only steps never measured it again, and a whole run stayed off it. Its
+    value forgets a slow offset while it is unused (feasibility does not): it is tried again at the next row
+    refresh and kept once its measurements agree with the model; where it really is slow, only probed."""
+    from predictor.profile import Profile
+    from predictor.split_planner import REFRESH_EVERY
+
+    profile = Profile.load("predictor/profiles/cpu-cores-smollm2-135m.json")
+    for really_slow in (False, True):
+        planner = SplitPlanner(profile, 300.0)
+        for _ in range(50):  # the job still building: decode alone
+            d = planner.plan(1, 200.0, has_ready_work=False)
+            planner.observe(d, d.model_ms)
+        first = planner.plan(1, 200.0, has_ready_work=True)
+        assert (first.infer_sms, first.ft_sms) == (1, 1)  # the profile's best at batch 1
+        planner.observe(first, 2.0 * first.predicted_ms)  # one cold step
+        picks = []
+        for _ in range(6 * REFRESH_EVERY):
+            d = planner.plan(1, 200.0, has_ready_work=True)
+            assert d.predicted_ms * d.margin <= 300.0 or not d.ft_sms
+            co_run = (d.infer_sms, d.ft_sms) == (1, 1)
+            planner.observe(d, d.model_ms * (2.0 if co_run and really_slow else 1.0))
+            picks.append(co_run)
+        assert sum(picks[:REFRESH_EVERY - 1]) == 0  # priced out until the first refresh
+        if really_slow:
+            assert sum(picks) <= 6 * REBUILD_EVERY  # probed a few steps per refresh, not kept
+        else:
+            assert all(picks[-REFRESH_EVERY:])  # back, and kept
