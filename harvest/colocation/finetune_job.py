@@ -105,6 +105,11 @@ class FinetuneJob:
             self._refresh_readiness()
         except Exception as e:  # noqa: BLE001 - any failure of the job must stay in the job
             self._fail(e)
+            return
+        # The worker's long-lived objects (SGLang's model and pools, the engine, its dataset and optimizer)
+        # all exist now: freeze them out of the cyclic GC (SGLang's freeze_gc), whose full collections walk
+        # every one of them while holding the GIL, so a step in flight waits for it (eval/README.md).
+        gc.freeze()
 
     # ---- scheduler thread ----
 
@@ -309,6 +314,7 @@ class FinetuneJob:
         self.engine = None
         # The last stats were taken while the window was resident: they must not outlive the memory.
         self._stats = {k: v for k, v in self._stats.items() if k not in HELD_MEMORY_STATS}
+        gc.unfreeze()  # the engine's cycles were frozen at build: collectable again
         gc.collect()
         if device.startswith("cuda"):
             import torch
