@@ -1,5 +1,6 @@
 """FinetuneJob isolates failures of the real engine and runs it only when told to."""
 
+import gc
 import time
 
 import pytest
@@ -37,6 +38,7 @@ def build_job(tmp_path, fail_at_unit: int | None = None) -> FinetuneJob:
 def test_failure_mid_run_is_contained(tmp_path):
     job = build_job(tmp_path, fail_at_unit=7)
     assert job.state.value == "running", job.error
+    assert gc.get_freeze_count() > 0, "the built job's objects are frozen out of the cyclic GC"
     assert "resident_bytes" in job.stats()
     results = [job.run_unit() for _ in range(6)]
     assert all(r is not None for r in results)
@@ -45,6 +47,7 @@ def test_failure_mid_run_is_contained(tmp_path):
     assert job.run_unit() is None
     assert job.state.value == "failed" and "injected finetune fault" in job.error
     assert job.engine is None  # its memory is released
+    assert gc.get_freeze_count() == 0, "unfrozen, so the dropped engine's cycles are collected"
     job.poll()
     assert not set(HELD_MEMORY_STATS) & job.stats().keys(), "stats report released memory"
     assert not job.has_ready_work()
