@@ -109,3 +109,46 @@ def test_rows_are_sized_by_the_slowest_kind_but_the_head():
     sizer.observe("head", 100, 50.0)
     assert sizer.rows_per_slice(64, 10) == 20  # the head, 10x slower, is cut along the sequence instead
     assert len(sizer.head_spans(20, 10)) == 10
+
+
+def drive(sizer: UnitSizer, kind: str, fixed_ms: float, ms_per_token: float, num_rows: int, seq_len: int,
+          steps: int = 6) -> list[int]:
+    """Size a kind's units step after step on a synthetic cost (fixed + per token); the last step's unit sizes
+    (tokens). Padded lengths differ between micro-batches, so the sizes vary."""
+    sizes = []
+    for step in range(steps):
+        length = seq_len - step % 2
+        if kind == "head":
+            sizes = [num_rows * (end - start) for start, end in sizer.head_spans(num_rows, length)]
+        else:
+            rows = sizer.rows_per_slice(num_rows, length)
+            sizes = [(min(start + rows, num_rows) - start) * length for start in range(0, num_rows, rows)]
+        for tokens in sizes:
+            sizer.observe(kind, tokens, fixed_ms + ms_per_token * tokens)
+    return sizes
+
+
+@pytest.mark.parametrize("fixed_ms", [0.0, 5.0, 15.0, 30.0])
+def test_a_unit_with_a_fixed_cost_is_not_cut_into_pieces_that_are_mostly_that_cost(fixed_ms):
+    """The demo job's head costs ~15 ms whatever its span: cut on per-token cost alone it went to spans of ~2
+    tokens at an 18.6 ms bound. The fitted line keeps a unit's per-token work at least its fixed cost, and
+    within the bound wherever the bound leaves room for that."""
+    bound, per_token = 18.6, 0.05
+    for kind, num_rows, seq_len in (("head", 4, 96), ("backward", 64, 32)):
+        size = max(drive(UnitSizer(max_unit_ms=bound, smoothing=1.0), kind, fixed_ms, per_token, num_rows, seq_len))
+        assert fixed_ms + per_token * size <= max(bound, 2 * fixed_ms) * (1 + 1e-9)
+        granule = per_token * (num_rows if kind == "head" else seq_len)  # the smallest step a cut can take
+        if fixed_ms + per_token * num_rows * seq_len > bound:  # it had to be cut
+            # equal spans (or rows) round the cut down, to half of it at worst
+            assert per_token * size >= (max(bound - fixed_ms, fixed_ms) - granule) / 2
+
+
+def test_one_stalled_unit_does_not_tilt_the_cost_line():
+    """A first unit that also loaded data ran 100x its size's time: rows still follow the other sizes."""
+    sizer = UnitSizer(max_unit_ms=75.0, smoothing=1.0)
+    sizer.observe("embed", 46, 114.6)  # the stall
+    for tokens in (42, 44, 29, 23, 27, 30):
+        sizer.observe("embed", tokens, 0.6 + 0.01 * tokens)
+        sizer.observe("backward", tokens, 6.6 + 0.05 * tokens)
+    assert sizer.cost("embed") == pytest.approx((0.6, 0.01))
+    assert sizer.rows_per_slice(4, 96) == 4  # backward: 6.6 + 0.05 x 384 tokens = 25.8 ms fits 75

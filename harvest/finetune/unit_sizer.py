@@ -1,11 +1,21 @@
 """How many rows of a micro-batch one unit may carry so that it stays under `max_unit_ms` (HARLI sec. 6.1).
 
-Torch-free. Learns the cost of the slowest unit kind per token from measured unit durations; splitting
-rows does not change the result because the loss is a token sum over the accumulation window.
+Torch-free. A unit of a kind costs a fixed part (per layer: the module calls and kernel launches; the head:
+the vocabulary projection's weight read and its gradient's product, once per unit whatever its span) plus a
+part per token, fitted per kind as a line through its recent units' distinct sizes. Rows are cut so the
+slowest kind but the head fits the bound; the head is cut along the sequence instead. A unit carries at
+least as much per-token work as its fixed cost: where the bound leaves less room, it runs up to twice its
+fixed cost rather than spend most of its time on it (cut on per-token cost alone, the demo job's head went to
+spans of ~2 tokens at an 18.6 ms bound and the job trained at a third of its uncut rate: eval/README.md).
+Splitting rows or spans does not change the result: the loss is a token sum over the accumulation window.
 """
 
 import math
+import statistics
 from dataclasses import dataclass, field
+
+SIZES_PER_KIND = 8
+"""Distinct unit sizes (tokens) a kind's cost line is fitted over: the most recent ones."""
 
 
 @dataclass(slots=True)
@@ -15,8 +25,9 @@ class UnitSizer:
     max_slice_rows: int | None = None
     """Hard cap on rows per unit (deterministic splitting, for tests and tiny memory budgets)."""
     smoothing: float = 0.5
-    """Weight of the newest sample in the per-kind moving average of ms per token."""
-    _ms_per_token: dict[str, float] = field(default_factory=dict)
+    """Weight of the newest sample in a size's moving average of its ms."""
+    _ms: dict[str, dict[int, float]] = field(default_factory=dict)
+    """kind -> tokens -> moving average of its units' ms, the SIZES_PER_KIND most recently seen sizes."""
 
     def __post_init__(self) -> None:
         if self.max_unit_ms is not None and self.max_unit_ms <= 0:
@@ -29,36 +40,60 @@ class UnitSizer:
     def observe(self, kind: str, num_tokens: int, duration_ms: float) -> None:
         if num_tokens <= 0 or duration_ms < 0:
             return
-        sample = duration_ms / num_tokens
-        previous = self._ms_per_token.get(kind)
-        self._ms_per_token[kind] = sample if previous is None else previous + self.smoothing * (sample - previous)
+        sizes = self._ms.setdefault(kind, {})
+        previous = sizes.pop(num_tokens, None)  # re-inserted: the most recent size last
+        sizes[num_tokens] = duration_ms if previous is None else previous + self.smoothing * (duration_ms - previous)
+        if len(sizes) > SIZES_PER_KIND:
+            del sizes[next(iter(sizes))]
+
+    def cost(self, kind: str) -> tuple[float, float] | None:
+        """(fixed ms, ms per token) of a unit of `kind`: a robust line through its recent sizes' times (the
+        median of pairwise slopes, Theil-Sen: one stalled unit, like a first one that loaded data, does not
+        tilt it), the fixed part at least 0. With one size timed, or no growth with size, all of it per token
+        (the median ratio), which cuts shorter than the line, so other sizes get timed. None: nothing timed."""
+        sizes = self._ms.get(kind)
+        if not sizes:
+            return None
+        points = list(sizes.items())
+        slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:]]
+        slope = statistics.median(slopes) if slopes else 0.0
+        if slope <= 0:
+            return 0.0, statistics.median(y / x for x, y in points)
+        return max(0.0, statistics.median(y - slope * x for x, y in points)), slope
 
     def slowest_ms_per_token(self, exclude: tuple[str, ...] = ()) -> float | None:
-        return max((ms for kind, ms in self._ms_per_token.items() if kind not in exclude), default=None)
+        """The largest mean ms per token over the kinds (a kind's recent sizes' total ms / total tokens)."""
+        return max((sum(sizes.values()) / sum(sizes) for kind, sizes in self._ms.items() if kind not in exclude),
+                   default=None)
+
+    def _tokens_within_bound(self, kind: str) -> float:
+        fixed, per_token = self.cost(kind)
+        return max(self.max_unit_ms - fixed, fixed) / per_token
 
     def rows_per_slice(self, num_rows: int, tokens_per_row: int) -> int:
-        """Rows per unit in [1, num_rows]: as many as fit `max_unit_ms` at the slowest measured unit kind but
-        the head, which is cut along the sequence instead (head_spans); one before any unit is timed."""
+        """Rows per unit in [1, num_rows]: as many as fit `max_unit_ms` at every timed unit kind but the head,
+        which is cut along the sequence instead (head_spans); one before any unit is timed."""
         if num_rows < 1:
             raise ValueError(f"num_rows must be >= 1, got {num_rows}")
         rows = num_rows
-        ms_per_token = self.slowest_ms_per_token(exclude=("head",))
         if self.max_unit_ms is not None:
             # Nothing timed yet (the job's first step): one row per unit, the smallest it can be. A first step
             # of whole micro-batches overran the bound several times over and, in a worker that never idles,
             # did not finish (its units fit no slice).
-            rows = 1 if not ms_per_token else math.floor(self.max_unit_ms / (ms_per_token * max(tokens_per_row, 1)))
+            kinds = [kind for kind in self._ms if kind != "head"]
+            tokens = min((self._tokens_within_bound(kind) for kind in kinds), default=None)
+            rows = 1 if tokens is None else math.floor(tokens / max(tokens_per_row, 1))
         if self.max_slice_rows is not None:
             rows = min(rows, self.max_slice_rows)
         return max(1, min(rows, num_rows))
 
     def head_spans(self, num_rows: int, seq_len: int) -> list[tuple[int, int]]:
         """Sequence positions [start, end) of each head unit of a row slice: as few equal spans as keep one
-        under `max_unit_ms` at the head's measured cost. The head (vocabulary projection, loss and their
-        backward) is per position, so a span's loss and gradient are exactly that span's share."""
-        ms_per_token = self._ms_per_token.get("head")
+        under `max_unit_ms` at the head's measured cost (see the module's docstring). The head (vocabulary
+        projection, loss and their backward) is per position, so a span's loss and gradient are exactly that
+        span's share."""
         length = seq_len
-        if self.max_unit_ms is not None and ms_per_token:
-            length = max(1, min(seq_len, math.floor(self.max_unit_ms / (num_rows * ms_per_token))))
+        if self.max_unit_ms is not None and self._ms.get("head"):
+            length = max(1, min(seq_len, math.floor(self._tokens_within_bound("head") / num_rows)))
         length = math.ceil(seq_len / math.ceil(seq_len / length))  # equal spans, none longer
         return [(start, min(start + length, seq_len)) for start in range(0, seq_len, length)]
