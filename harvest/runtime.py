@@ -230,7 +230,8 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
         planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=None if partitions is None else partitions.pairs)
     if finetune_config.max_unit_ms is None:
         # With a profile, a unit no longer than the shortest decode step: a pause (or a batch arriving while
-        # the device is idle and finetuning) takes effect within one step.
+        # the device is idle and finetuning) takes effect within one step, but for a unit whose fixed cost is
+        # over half of it, which runs up to twice that cost (unit_sizer.py says why).
         max_unit_ms = config.tpot_slo_ms / 4 if planner is None else planner.shortest_step_ms
         finetune_config = dataclasses.replace(finetune_config, max_unit_ms=max_unit_ms)
     job = FinetuneJob(finetune_config, weight_memory=None if lender is None else lender.weight_memory,

@@ -10,8 +10,9 @@ The job has one owner at a time, handed over between the threads (a handshake, n
   - before a step that co-runs, it hands the job to the unit thread (`_hand_over`), which runs units on the
     finetune partition while the step runs;
   - when the step's tokens are out it takes the job back (`_take_back`): no new unit starts, and it waits
-    for the one in flight. Units are sized to the profile's shortest step, so the lender's reclaim, which
-    comes right after, completes within one decode step of the burst that needed it (stats: take_back_ms).
+    for the one in flight. Units are sized to the profile's shortest step (up to twice a unit's fixed cost
+    where that is over half of it: unit_sizer.py), so the lender's reclaim, which comes right after, completes
+    within about one decode step of the burst that needed it (stats: take_back_ms).
 The co-run finetune time is not charged to the step's latency: it ran beside it, and its interference is
 what the co-run model (stage 2) predicts and the online correction and margin learn; waiting for the unit
 in flight is charged to the step's finetune time.
