@@ -61,11 +61,6 @@ class UnitSizer:
             return 0.0, statistics.median(y / x for x, y in points)
         return max(0.0, statistics.median(y - slope * x for x, y in points)), slope
 
-    def slowest_ms_per_token(self, exclude: tuple[str, ...] = ()) -> float | None:
-        """The largest mean ms per token over the kinds (a kind's recent sizes' total ms / total tokens)."""
-        return max((sum(sizes.values()) / sum(sizes) for kind, sizes in self._ms.items() if kind not in exclude),
-                   default=None)
-
     def _tokens_within_bound(self, kind: str) -> float:
         fixed, per_token = self.cost(kind)
         return max(self.max_unit_ms - fixed, fixed) / per_token
