@@ -64,6 +64,22 @@ def test_admin_endpoints():
     assert missing.status_code == 404 and "/healthz" in missing.json()["detail"]
 
 
+def test_an_error_in_a_stats_path_is_one_line_and_the_api_lives_on(monkeypatch):
+    """A bug behind /harvest/stats answers 500 with its reason in one line (the log has the traceback); the
+    next call and the other endpoints still answer."""
+    runtime = make_runtime()
+    run_steps(runtime, [5.0])
+    client = TestClient(create_admin_app(runtime), raise_server_exceptions=False)
+    real = runtime.stats_snapshot
+    monkeypatch.setattr(runtime, "stats_snapshot", lambda window_steps=None: {"bad": float("nan")})
+    response = client.get("/harvest/stats")
+    assert response.status_code == 500
+    assert response.json()["detail"].startswith("GET /harvest/stats failed: ValueError")
+    monkeypatch.setattr(runtime, "stats_snapshot", real)
+    assert client.get("/harvest/stats").json()["decode"]["decode_steps"] == 1
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "example.com"])
 def test_off_loopback_admin_needs_token(host):
     with pytest.raises(HarvestError, match="--admin-token"):

@@ -3,6 +3,7 @@
 import socket
 import subprocess
 
+import psutil
 import pytest
 from conftest import free_port
 
@@ -36,6 +37,33 @@ def test_port_in_use(harvest_cli, tiny_model_dir):
         result = run_cli(harvest_cli, "serve", "--model-path", str(tiny_model_dir), "--port", str(free_port()),
                          "--admin-port", str(port))
         assert_one_line_error(result, "--admin-port", str(port))
+
+
+def test_admin_port_taken_while_the_worker_starts_stops_it_with_one_line(harvest_cli, tiny_model_dir):
+    """The port is free when `harvest serve` checks it and taken before the scheduler binds it (another
+    process got it while the model loaded): the worker stops, the CLI names the port, no process is left.
+    A worker left serving without its admin API would answer its admin URL with whatever holds the port."""
+    port, admin_port = free_port(), free_port()
+    proc = subprocess.Popen([*harvest_cli, "serve", "--model-path", str(tiny_model_dir), "--port", str(port),
+                             "--admin-port", str(admin_port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    lines = []
+    with socket.socket() as busy:
+        for line in proc.stderr:  # SGLang prints its server_args once harvest serve's own checks passed
+            lines.append(line)
+            if "server_args" in line.lower():
+                busy.bind(("127.0.0.1", admin_port))
+                busy.listen()
+                break
+        lines += proc.stderr.readlines()
+        returncode = proc.wait(timeout=300)
+    stderr = "".join(lines)
+    assert returncode == 2, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("harvest serve: error:")]
+    assert len(errors) == 1 and f"--admin-port {admin_port}" in errors[0] and "in use" in errors[0], stderr[-3000:]
+    assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(port) in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.mark.parametrize(

@@ -91,6 +91,17 @@ def test_sizer_follows_the_slowest_unit_kind():
     assert sizer.rows_per_slice(64, 10) == 20
 
 
+def test_a_unit_timed_at_zero_ms_does_not_make_the_cost_zero():
+    """A unit under the clock's resolution is no measurement: a zero per-token cost divided the bound by zero."""
+    sizer = UnitSizer(max_unit_ms=10.0)
+    sizer.observe("forward", 100, 0.0)
+    assert sizer.cost("forward") is None and sizer.rows_per_slice(64, 10) == 1
+    sizer.observe("forward", 100, 1.0)
+    sizer.observe("forward", 200, 0.0)
+    assert sizer.cost("forward") == pytest.approx((0.0, 0.01))
+    assert sizer.rows_per_slice(64, 10) == 64  # 10 ms at 0.01 ms per token: 1000 tokens, all 64 rows of 10
+
+
 @given(st.integers(1, 16), st.integers(1, 2048), st.floats(0.01, 1e3), st.floats(1e-5, 10.0))
 def test_head_spans_tile_the_sequence_and_fit_the_budget(num_rows, seq_len, max_unit_ms, ms_per_token):
     sizer = UnitSizer(max_unit_ms=max_unit_ms, smoothing=1.0)

@@ -5,6 +5,7 @@ Reads are open; mutating endpoints need the bearer token when one is set.
 
 import logging
 import secrets
+import socket
 import threading
 
 import uvicorn
@@ -30,17 +31,29 @@ class AdminServer:
             uvicorn.Config(create_admin_app(runtime), host=config.host, port=config.port, log_level="warning",
                            access_log=False)
         )
-        self._thread = threading.Thread(target=self._serve, name="harvest-admin", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Bind now, in the scheduler's start-up: a port taken since `harvest serve` checked it fails the worker
+        with that reason, rather than leaving a worker whose admin URL answers for another process."""
+        sock = socket.socket(socket.AF_INET6 if ":" in self._config.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self._config.host, self._config.port))
+            sock.listen(128)
+        except OSError as e:
+            sock.close()
+            raise HarvestError(f"--admin-port {self._config.port} on {self._config.host}: {e.strerror.lower()} "
+                               "(taken since harvest serve checked it)") from None
+        self._thread = threading.Thread(target=self._serve, args=(sock,), name="harvest-admin", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._server.should_exit = True
 
-    def _serve(self) -> None:
+    def _serve(self, sock: socket.socket) -> None:
         try:
-            self._server.run()
+            self._server.run(sockets=[sock])
         except Exception:  # a dead admin port must not take serving down with it
             logger.exception("harvest admin server on %s:%d stopped", self._config.host, self._config.port)
 
@@ -108,5 +121,13 @@ def create_admin_app(runtime) -> FastAPI:
     async def wrong_method(request: Request, exc):
         return JSONResponse({"detail": f"{request.method} is not allowed on {request.url.path}; endpoints: "
                              f"{', '.join(ENDPOINTS)}"}, status_code=405)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        # A bug in a stats path must not look like a dead worker: the log keeps the traceback, the caller
+        # gets the reason in one line.
+        logger.exception("harvest admin: %s %s failed", request.method, request.url.path)
+        return JSONResponse({"detail": f"{request.method} {request.url.path} failed: {type(exc).__name__}: {exc}"},
+                            status_code=500)
 
     return app

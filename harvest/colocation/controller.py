@@ -330,8 +330,11 @@ class Controller:
     def _run_unit(self):
         result = self.job.run_unit()
         if result is not None and result.duration_ms > 0:
-            recent = self._recent_unit_ms.setdefault(result.kind, deque(maxlen=RECENT_UNITS_PER_KIND))
-            recent.append(result.duration_ms)
+            recent = self._recent_unit_ms.get(result.kind)
+            if recent is None:  # built whole before it is published: the admin thread never sees it empty
+                self._recent_unit_ms[result.kind] = deque([result.duration_ms], maxlen=RECENT_UNITS_PER_KIND)
+            else:
+                recent.append(result.duration_ms)
             self._unit_estimates.pop(result.kind, None)
         return result
 

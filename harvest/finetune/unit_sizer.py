@@ -38,7 +38,7 @@ class UnitSizer:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
 
     def observe(self, kind: str, num_tokens: int, duration_ms: float) -> None:
-        if num_tokens <= 0 or duration_ms < 0:
+        if num_tokens <= 0 or duration_ms <= 0:  # a unit under the clock's resolution says nothing of its cost
             return
         sizes = self._ms.setdefault(kind, {})
         previous = sizes.pop(num_tokens, None)  # re-inserted: the most recent size last

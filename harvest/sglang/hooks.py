@@ -21,13 +21,18 @@ Hooked (the SGLang of version.py: disaggregation/decode.py event loops, model_ru
 import contextlib
 import functools
 import logging
+import os
+import signal
 import time
+
+import psutil
 
 from base.errors import HarvestError
 from harvest.config import ServeConfig
 from harvest.runtime import HarvestRuntime
 from harvest.sglang.version import require_pinned_sglang
 from harvest.step_stats import DecodeStep
+from harvest.worker.start_failure import report_start_failure
 
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
@@ -58,6 +63,23 @@ def run_scheduler_process(config: ServeConfig, server_args, port_args, gpu_id, t
         runtime.stop()
 
 
+def start_up_hook(hook):
+    """A hook that runs while the scheduler starts: a HarvestError in it stops the worker with that one line
+    (the supervisor prints it), not SGLang's traceback of it. SGLang's own handler is followed otherwise: the
+    parent gets SIGQUIT and ends the worker's tree."""
+    @functools.wraps(hook)
+    def wrapped(*args, **kwargs):
+        try:
+            return hook(*args, **kwargs)
+        except HarvestError as e:
+            logger.error("harvest: %s", e)
+            report_start_failure(str(e))
+            psutil.Process().parent().send_signal(signal.SIGQUIT)
+            os._exit(2)
+
+    return wrapped
+
+
 def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -66,6 +88,7 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
 
     state = {"allocator": None, "stream_groups": None, "step_streams": None}
 
+    @start_up_hook
     def around_maybe_init_pdmux(maybe_init_pdmux, graph_runner, *args, **kwargs):
         """Spatial mode: capture decode's graphs once per partition stream, on that stream (stream_groups.py)."""
         model_runner = graph_runner.model_runner
@@ -84,6 +107,7 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
                         groups.num_groups, groups.decode_sms)
         return maybe_init_pdmux(graph_runner, *args, **kwargs)
 
+    @start_up_hook
     def around_init_pools(init_pools, runner, *args, **kwargs):
         if not runtime.wants_kv_lending or runner.is_draft_worker:
             return init_pools(runner, *args, **kwargs)
@@ -119,6 +143,7 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         num_lent = getattr(scheduler.token_to_kv_pool_allocator, "num_lent_slots", 0)
         return check(scheduler, pool_stats, uncached + num_lent, *args, **kwargs)
 
+    @start_up_hook
     def after_init_info(result, scheduler, *args, **kwargs):
         publishing = publishing_of(runtime.config)
         if publishing is not None and serve_admin:

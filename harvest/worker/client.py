@@ -4,6 +4,8 @@ import asyncio
 
 import httpx
 
+from base.errors import HarvestError
+
 # With the `fake` transfer backend a decode worker treats a request from this bootstrap host as already
 # prefilled and runs the real decode loop on it (shared/STACK.md).
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
@@ -78,6 +80,7 @@ async def read_steps_after(client: httpx.AsyncClient, admin_url: str, since: int
 
 def read_stats(admin_url: str, timeout_s: float = 10.0) -> dict:
     response = httpx.get(f"{admin_url}/harvest/stats", timeout=timeout_s)
-    response.raise_for_status()
+    if response.is_error:
+        raise HarvestError(f"{admin_url}/harvest/stats answered {response.status_code}: {response.text[:300]}")
     return response.json()
 

@@ -34,6 +34,7 @@ class WorkerProcess:
             self._argv += ["--port", str(port)]
         if command is None:
             self._argv += ["--admin-port", str(admin_port)]
+        self._has_admin = command is None and port is not None
         self._env = {**os.environ, **(env or {})}
         self._preexec = _sigterm_when_parent_dies if stop_with_parent else None
         self.proc: subprocess.Popen | None = None
@@ -67,23 +68,31 @@ class WorkerProcess:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
-        if not self.wait_until_ok("/health", timeout_s, "worker"):
+        deadline = time.monotonic() + timeout_s
+        is_ready = self.wait_until_ok("/health", timeout_s, "worker")
+        if is_ready and self._has_admin:
+            # The admin API starts with the scheduler, before /health answers; still, a test or benchmark
+            # reading stats from a port another process holds must fail here, not with that process's answers.
+            is_ready = self.wait_until_ok("/healthz", max(deadline - time.monotonic(), 5.0), "worker",
+                                          port=self.admin_port)
+        if not is_ready:
             self.stop()
             raise HarvestError(f"worker not ready after {timeout_s:.0f} s; log: {self.log_path}")
 
-    def wait_until_ok(self, path: str, timeout_s: float, what: str) -> bool:
-        """Poll GET `path` until it answers 200 (True) or `timeout_s` passes (False); raises if the process
-        exits meanwhile."""
+    def wait_until_ok(self, path: str, timeout_s: float, what: str, port: int | None = None) -> bool:
+        """Poll GET `path` on `port` (default: the worker's) until this process answers 200 there (True) or
+        `timeout_s` passes (False); raises if the process exits meanwhile."""
+        port = self.port if port is None else port
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise HarvestError(f"{what} exited with {self.proc.returncode} while starting; log: {self.log_path}")
             try:
-                if httpx.get(f"{self.url}{path}", timeout=5).status_code == 200:
-                    if self._listens_on(self.port):
+                if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5).status_code == 200:
+                    if self._listens_on(port):
                         return True
                     if self._bind_failed():
-                        raise HarvestError(f"port {self.port} is served by another process; log: {self.log_path}")
+                        raise HarvestError(f"port {port} is served by another process; log: {self.log_path}")
             except httpx.HTTPError:
                 pass
             time.sleep(1.0)
@@ -147,9 +156,12 @@ _PORT_DRAW = random.SystemRandom()
 
 
 def free_ports(count: int) -> list[int]:
-    """Distinct free ports below 40000: SGLang derives side ports (gRPC = port + 3000) that must stay valid."""
+    """Distinct free ports below the kernel's ephemeral range: SGLang's own free ports (its gloo/NCCL port)
+    and every outgoing connection's local port come from that range, so a port drawn there can be taken
+    between drawing it and the worker binding it. SGLang also derives side ports (gRPC = port + 3000)."""
+    top = _ephemeral_low()
     ports = []
-    for port in _PORT_DRAW.sample(range(20000, 37000), 400):
+    for port in _PORT_DRAW.sample(range(20000, top), 400):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -159,4 +171,12 @@ def free_ports(count: int) -> list[int]:
             ports.append(port)
         if len(ports) == count:
             return ports
-    raise RuntimeError("no free ports in 20000-37000")
+    raise RuntimeError(f"no free ports in 20000-{top}")
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    return max(low, 25000)

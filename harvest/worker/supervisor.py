@@ -13,12 +13,15 @@ import logging
 import multiprocessing
 import os
 import signal
+import tempfile
 import threading
 import time
 
 import psutil
 
+from base.errors import HarvestError
 from harvest.config import ServeConfig
+from harvest.worker.start_failure import START_FAILURE_ENV, read_start_failure
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +31,18 @@ PARENT_POLL_S = 0.5
 
 
 def supervise(server_args, config: ServeConfig, is_cpu_host: bool) -> int:
+    fd, failure_path = tempfile.mkstemp(prefix="harvest-start-failure-")
+    os.close(fd)
+    os.environ[START_FAILURE_ENV] = failure_path  # the spawned worker and its scheduler inherit it
+    try:
+        return _supervise(server_args, config, is_cpu_host)
+    finally:
+        os.environ.pop(START_FAILURE_ENV, None)
+        with contextlib.suppress(OSError):
+            os.unlink(failure_path)
+
+
+def _supervise(server_args, config: ServeConfig, is_cpu_host: bool) -> int:
     worker = multiprocessing.get_context("spawn").Process(
         target=_run_worker, args=(server_args, config, is_cpu_host, os.getpid()), name="harvest-worker"
     )
@@ -52,6 +67,9 @@ def supervise(server_args, config: ServeConfig, is_cpu_host: bool) -> int:
             if worker.is_alive():
                 worker.kill()
     _reap(descendants)
+    failure = None if stopping else read_start_failure()
+    if failure is not None:
+        raise HarvestError(failure)
     # The worker ends its own tree with SIGKILL after a requested drain: that is a clean stop.
     return 0 if stopping or worker.exitcode == 0 else 1
 
