@@ -343,28 +343,22 @@ class Controller:
         return self._estimate_ms(self.job.next_unit_kind())
 
     def _estimate_ms(self, kind: str) -> float:
-        """A high quantile of the kind's recent times, robust to one stall: exp(median + z x 1.4826 x MAD) of
-        log time, at least the second longest. A kind timed fewer than 3 times is estimated at the longest of
-        them, and one timed fewer than 2 times at twice the job's unit bound (units are cut to the bound, but the
-        first ones before any is timed, so they may overrun it), or admitted in idle loops only if it has none.
-        Mean + z std of log time let one warm-up or stall among a kind's few times price it out of every slice,
-        and a kind out of the slices is timed again only in idle turns: under a steady load the job stopped
-        (eval/README.md, "Temporal slice"). A unit that runs past this estimate is what the slice's reserve
-        (a high quantile of how far units ran past their estimates) keeps room for."""
+        """A high quantile of the kind's recent times, at least the longest of them. A kind timed fewer than 2
+        times is estimated at twice the job's unit bound (units are cut to the bound, but the first ones before
+        any is timed, so they may overrun it), or admitted in idle loops only if it has none.
+        Known limit: one warm-up or stall keeps a kind out of every slice until 32 newer times replace it, and
+        only idle turns time it (eval/README.md, "Temporal slice", says why a more robust estimate is not used)."""
         cached = self._unit_estimates.get(kind)
         if cached is not None:
             return cached
-        recent = sorted(self._recent_unit_ms.get(kind, ()))  # a copy: the unit thread appends (spatial mode)
+        recent = list(self._recent_unit_ms.get(kind, ()))  # a copy: the unit thread appends (spatial mode)
         if len(recent) < 2:
             bound = self.job.max_unit_ms
             return float("inf") if bound is None else 2.0 * bound
-        if len(recent) < 3:
-            estimate = recent[-1]
-        else:
-            logs = [math.log(ms) for ms in recent]
-            median = statistics.median(logs)
-            mad = statistics.median(abs(x - median) for x in logs)
-            estimate = max(recent[-2], math.exp(median + UNIT_QUANTILE_Z * 1.4826 * mad))
+        logs = [math.log(ms) for ms in recent]
+        mean = statistics.fmean(logs)
+        std = statistics.stdev(logs)
+        estimate = max(max(recent), math.exp(mean + UNIT_QUANTILE_Z * std))
         self._unit_estimates[kind] = estimate
         return estimate
 
