@@ -36,15 +36,13 @@ class AdminServer:
     def start(self) -> None:
         """Bind now, in the scheduler's start-up: a port taken since `harvest serve` checked it fails the worker
         with that reason, rather than leaving a worker whose admin URL answers for another process."""
-        sock = socket.socket(socket.AF_INET6 if ":" in self._config.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        from harvest.sglang.launcher import bind_port
+
         try:
-            sock.bind((self._config.host, self._config.port))
-            sock.listen(128)
-        except OSError as e:
-            sock.close()
-            raise HarvestError(f"--admin-port {self._config.port} on {self._config.host}: {e.strerror.lower()} "
-                               "(taken since harvest serve checked it)") from None
+            sock = bind_port(self._config.host, self._config.port, "--admin-port")
+        except HarvestError as e:
+            raise HarvestError(f"{e} (taken since harvest serve checked it)") from None
+        sock.listen(128)
         self._thread = threading.Thread(target=self._serve, args=(sock,), name="harvest-admin", daemon=True)
         self._thread.start()
 
