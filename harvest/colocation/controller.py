@@ -122,6 +122,7 @@ class Controller:
         self.planner_source = planner_source
         self.lender = lender
         self.clock = clock
+        self._first_unit_ms: dict[str, float] = {}
         self._recent_unit_ms: dict[str, deque[float]] = {}
         self._unit_estimates: dict[str, float] = {}
         self._decision = None
@@ -276,11 +277,12 @@ class Controller:
     def unit_time_stats(self) -> dict:
         """Per unit kind, its recent times and what the slice admits it at (None: not admitted in a slice)."""
         out = {}
-        for kind, recent in list(self._recent_unit_ms.items()):
-            ordered = sorted(list(recent))
+        for kind, first_ms in list(self._first_unit_ms.items()):
+            ordered = sorted(self._recent_unit_ms.get(kind, ()))
             estimate = self._estimate_ms(kind)
-            out[kind] = {"n": len(ordered), "p50": round(ordered[len(ordered) // 2], 3),
-                         "max": round(ordered[-1], 3),
+            out[kind] = {"first_ms": round(first_ms, 3), "n": len(ordered),
+                         "p50": round(ordered[len(ordered) // 2], 3) if ordered else None,
+                         "max": round(ordered[-1], 3) if ordered else None,
                          "admit_ms": None if math.isinf(estimate) else round(estimate, 3)}
         return out
 
@@ -331,7 +333,11 @@ class Controller:
         result = self.job.run_unit()
         if result is not None and result.duration_ms > 0:
             recent = self._recent_unit_ms.get(result.kind)
-            if recent is None:  # built whole before it is published: the admin thread never sees it empty
+            if result.kind not in self._first_unit_ms:
+                # The process's first unit of a kind is its warm-up (allocations, lazily built kernels and
+                # autograd state): 50-500x the kind's other times, so it is no sample of them.
+                self._first_unit_ms[result.kind] = result.duration_ms
+            elif recent is None:  # built whole before it is published: the admin thread never sees it empty
                 self._recent_unit_ms[result.kind] = deque([result.duration_ms], maxlen=RECENT_UNITS_PER_KIND)
             else:
                 recent.append(result.duration_ms)
@@ -343,11 +349,12 @@ class Controller:
         return self._estimate_ms(self.job.next_unit_kind())
 
     def _estimate_ms(self, kind: str) -> float:
-        """A high quantile of the kind's recent times, at least the longest of them. A kind timed fewer than 2
-        times is estimated at twice the job's unit bound (units are cut to the bound, but the first ones before
-        any is timed, so they may overrun it), or admitted in idle loops only if it has none.
-        Known limit: one warm-up or stall keeps a kind out of every slice until 32 newer times replace it, and
-        only idle turns time it (eval/README.md, "Temporal slice", says why a more robust estimate is not used)."""
+        """A high quantile of the kind's recent times, at least the longest of them, its first (warm-up) time
+        left out. A kind timed fewer than 2 times after its warm-up is estimated at twice the job's unit bound
+        (units are cut to the bound, but the first ones before any is timed, so they may overrun it), or
+        admitted in idle loops only if it has none.
+        Known limit: one host stall keeps a kind out of every slice until 32 newer times replace it, and only
+        idle turns time it (eval/README.md, "Temporal slice", says why a more robust estimate is not used)."""
         cached = self._unit_estimates.get(kind)
         if cached is not None:
             return cached
