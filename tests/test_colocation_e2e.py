@@ -20,6 +20,7 @@ from harvest.worker.client import (
     read_steps_since,
 )
 from harvest.worker.process import WorkerProcess
+from traces.trace import Trace
 from traces.trace_loader import load_trace
 
 pytestmark = pytest.mark.sglang
@@ -29,11 +30,25 @@ pytestmark = pytest.mark.sglang
 TRACE_START_S, TRACE_WINDOW_S, RATE_SCALE = 600.0, 90.0, 0.1
 MAX_CONTEXT_TOKENS, MAX_GENERATED_TOKENS = 256, 48
 EPOCH_SAMPLES = 8
+REFERENCE_STEP_MS = 30.0
+"""The batch-1 decode step (median) on the hosts this slice's rate was set on: 23-35 ms in the 7 paused
+references of eval/results/cpu-2026-11-2{3,4}/e2e-slo-runs/. A host 3x slower (2026-11-25, here and in CI:
+87 ms) at the same rate decodes 99 % of the time, so there is no slack to harvest: the rate is scaled down by
+how much slower the host is, and the test poses the same problem on it (eval/README.md, "Temporal slice")."""
 
 
-def conv_slice():
-    trace = load_trace("conv").window(TRACE_START_S, TRACE_WINDOW_S * 10).scale_rate(RATE_SCALE)
+def conv_slice(rate_scale: float = RATE_SCALE):
+    trace = load_trace("conv").window(TRACE_START_S, TRACE_WINDOW_S / RATE_SCALE).scale_rate(rate_scale)
     return trace.window(0, TRACE_WINDOW_S).cap_lengths(MAX_CONTEXT_TOKENS, MAX_GENERATED_TOKENS)
+
+
+def batch_one_step_ms(worker: WorkerProcess) -> float:
+    """The median decode step of one request alone, at the slice's longest lengths: the host's speed."""
+    since = read_last_step_seq(worker.admin_url)
+    probe = Trace("probe", np.zeros(1), np.array([MAX_CONTEXT_TOKENS]), np.array([MAX_GENERATED_TOKENS]))
+    LiveReplay(worker.url, worker.admin_url, 1e9).run(probe)
+    return float(np.median([s["latency_ms"] for s in read_steps_since(worker.admin_url, since)
+                            if s["batch_size"] == 1]))
 
 
 def write_job(tmp_path: Path, model_dir: Path, **overrides) -> Path:
@@ -54,9 +69,9 @@ def start_worker(model_dir, tmp_path, name, *extra) -> WorkerProcess:
     return WorkerProcess(args, free_port(), free_port(), tmp_path / f"{name}.log").start()
 
 
-def replay_steps(worker: WorkerProcess, tpot_slo_ms: float) -> list[dict]:
+def replay_steps(worker: WorkerProcess, tpot_slo_ms: float, rate_scale: float = RATE_SCALE) -> list[dict]:
     since = read_last_step_seq(worker.admin_url)
-    LiveReplay(worker.url, worker.admin_url, tpot_slo_ms, max_concurrency=16).run(conv_slice())
+    LiveReplay(worker.url, worker.admin_url, tpot_slo_ms, max_concurrency=16).run(conv_slice(rate_scale))
     return read_steps_since(worker.admin_url, since)
 
 
@@ -76,7 +91,9 @@ def test_finetune_harvests_slack_within_the_tpot_slo(tmp_path):
     with start_worker(model_dir, tmp_path, "solo", "--finetune", str(job), "--tpot-slo-ms", "1e9") as solo:
         wait_for_stats(solo.admin_url, lambda s: s["finetune"]["state"] == "running", "the job running")
         assert httpx.post(f"{solo.admin_url}/harvest/finetune/pause").json()["state"] == "paused"
-        solo_steps = replay_steps(solo, tpot_slo_ms=1e9)
+        step_ms = batch_one_step_ms(solo)
+        rate_scale = RATE_SCALE * min(1.0, REFERENCE_STEP_MS / step_ms)
+        solo_steps = replay_steps(solo, 1e9, rate_scale)
         assert read_stats(solo.admin_url)["finetune"]["state"] == "paused"
     assert sum(s["finetune_tokens"] for s in solo_steps[1:]) == 0  # the first may follow a unit begun before the pause
     solo_ms = float(np.percentile([s["latency_ms"] for s in solo_steps], 99))
@@ -84,12 +101,12 @@ def test_finetune_harvests_slack_within_the_tpot_slo(tmp_path):
 
     with start_worker(model_dir, tmp_path, "colo", "--finetune", str(job), "--tpot-slo-ms", f"{tpot_slo_ms:.1f}") as w:
         wait_for_stats(w.admin_url, lambda s: s["finetune"]["state"] == "running", "the job running")
-        steps = replay_steps(w, tpot_slo_ms)
+        steps = replay_steps(w, tpot_slo_ms, rate_scale)
         stats = read_stats(w.admin_url)
 
     within = [s["latency_ms"] + s["finetune_ms"] + s["idle_wait_ms"] <= tpot_slo_ms for s in steps]
     (tmp_path / "steps.json").write_text(json.dumps({"solo": solo_steps, "colo": steps}))
-    print(json.dumps({"solo_p99_ms": solo_ms, "tpot_slo_ms": tpot_slo_ms, "num_steps": len(steps),
+    print(json.dumps({"batch_one_step_ms": step_ms, "rate_scale": rate_scale, "solo_p99_ms": solo_ms, "tpot_slo_ms": tpot_slo_ms, "num_steps": len(steps),
                       "attainment": sum(within) / len(within),
                       "violations_by_decode_alone": sum(s["latency_ms"] > tpot_slo_ms for s in steps),
                       "violations_with_idle_wait": sum(s["idle_wait_ms"] > 0 and s["latency_ms"] + s["finetune_ms"]
