@@ -163,3 +163,23 @@ def test_one_stalled_unit_does_not_tilt_the_cost_line():
         sizer.observe("backward", tokens, 6.6 + 0.05 * tokens)
     assert sizer.cost("embed") == pytest.approx((0.6, 0.01))
     assert sizer.rows_per_slice(4, 96) == 4  # backward: 6.6 + 0.05 x 384 tokens = 25.8 ms fits 75
+
+
+@pytest.mark.parametrize("fixed_ms", [5.0, 15.0, 30.0, 100.0])
+def test_a_head_whose_fixed_cost_is_over_the_bound_is_split_over_the_vocabulary(fixed_ms):
+    """Cut along the sequence a head still runs up to twice its fixed cost (its weight read): over the bound,
+    each span is split over K vocabulary chunks in 2K units of about 1/(2K) of its time each."""
+    bound, per_token = 18.6, 0.05
+    sizer = UnitSizer(max_unit_ms=bound, smoothing=1.0)
+    assert sizer.head_vocab_parts(100, max_parts=48) == 0  # nothing timed: whole
+    sizes = drive(sizer, "head", fixed_ms, per_token, 4, 96)
+    for tokens in sizes:
+        whole_ms = fixed_ms + per_token * tokens
+        parts = sizer.head_vocab_parts(tokens, max_parts=48)
+        if whole_ms <= bound:
+            assert parts == 0
+        else:
+            assert parts >= 1 and whole_ms / (2 * parts) <= bound * (1 + 1e-9)
+            assert parts == 1 or whole_ms / (2 * (parts - 1)) > bound  # no more chunks than needed
+    assert sizer.head_vocab_parts(max(sizes), max_parts=0) == 0  # a head that cannot be split stays whole
+    assert sizer.head_vocab_parts(10_000, max_parts=3) <= 3

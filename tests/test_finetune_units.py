@@ -77,6 +77,31 @@ def test_a_tight_unit_budget_splits_micro_batches_without_changing_the_result(jo
         torch.testing.assert_close(weight, expected[key], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("spans", [[None], [(0, 5), (5, None)]])
+def test_a_head_over_vocabulary_chunks_gives_the_whole_heads_loss_and_gradient(job_path, spans, device):
+    """head_part over K chunks (K for the logits and log-sum-exp, K for the gradient) against head on the
+    same row slice: the same loss and the same gradient at the last layer's output."""
+    engine = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(device=device))
+    while engine._queue.peek() is None or engine._queue.peek().kind != "head":
+        engine.run_next_unit()
+    units, unit = engine.units, engine._queue.peek()
+    row_slice = engine._queue.slices[unit.slice_id]
+    seq_len = row_slice.hidden[NUM_LAYERS].shape[1]
+    spans = [None if span is None else (span[0], span[1] or seq_len) for span in spans]
+    head_input = row_slice.hidden[NUM_LAYERS].clone()
+    whole_loss = sum(units.head(row_slice, span) for span in spans)
+    whole_grad = row_slice.grad.clone()
+    assert units.max_head_vocab_parts == 4  # the tiny model's 512-word vocabulary in chunks of >= 128
+    for num_parts in (1, 3, 4):
+        row_slice.hidden[NUM_LAYERS], row_slice.grad = head_input.clone(), None
+        loss = sum(units.head_part(row_slice, span, (j, num_parts)) for span in spans for j in range(2 * num_parts))
+        torch.testing.assert_close(loss, whole_loss, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(row_slice.loss, whole_loss, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(row_slice.grad, whole_grad, rtol=1e-5, atol=1e-7)
+        assert row_slice.hidden[NUM_LAYERS] is None and row_slice.head_parts is None
+
+
 def test_finished_engine_refuses_more_units(job_path):
     engine = FinetuneEngine.from_yaml(job_path, overrides={"max_steps": 1})
     engine.run_step()

@@ -16,6 +16,11 @@ from torch import nn
 from base.errors import HarvestError
 
 
+MIN_VOCAB_CHUNK = 128
+"""Fewest vocabulary rows in one chunk of a split head: a chunk is one matrix product, which smaller ones
+would spend on launches and bookkeeping."""
+
+
 @dataclass(slots=True)
 class RowSlice:
     """One slice of rows of a micro-batch, with what its units pass to each other."""
@@ -33,6 +38,26 @@ class RowSlice:
     """Gradient of the loss w.r.t. the input of the next layer to backpropagate through."""
     rng_states: dict[int, Any] = field(default_factory=dict)
     loss: torch.Tensor | None = None
+    head_parts: "HeadParts | None" = None
+    """What a head split over vocabulary chunks carries from one of its units to the next."""
+
+
+@dataclass(slots=True)
+class HeadParts:
+    """A span's head over vocabulary chunks: pass one keeps each chunk's logits and the running log-sum-exp,
+    pass two turns them into the gradient of the normed input."""
+
+    hidden: torch.Tensor
+    """The span's head input (a leaf that requires grad)."""
+    normed: torch.Tensor
+    """norm(hidden), with its graph: pass two's last unit backpropagates through it."""
+    labels: torch.Tensor
+    """The label each position predicts (-100: none)."""
+    logits: list[torch.Tensor] = field(default_factory=list)
+    max_logit: torch.Tensor | None = None
+    sum_exp: torch.Tensor | None = None
+    label_logit: torch.Tensor | None = None
+    grad_normed: torch.Tensor | None = None
 
 
 class DecoderUnits:
@@ -126,6 +151,91 @@ class DecoderUnits:
             row_slice.hidden[self.num_layers] = None
         row_slice.loss = loss.detach() if start == 0 else row_slice.loss + loss.detach()
         return loss.detach()
+
+    @property
+    def max_head_vocab_parts(self) -> int:
+        """How many vocabulary chunks the head may be split into (head_part), each of at least
+        MIN_VOCAB_CHUNK rows; 0: none. It may when the head is a frozen linear layer and the loss is the
+        causal LM cross entropy the head's own path uses: the chunks then add up to the same loss and gradient.
+        A trained or wrapped lm_head (LoRA, modules_to_save) or another loss keeps whole heads."""
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        can_split = (type(self.lm_head) is nn.Linear and not any(p.requires_grad for p in self.lm_head.parameters())
+                     and getattr(self.base.loss_function, "__func__", self.base.loss_function) is ForCausalLMLoss
+                     and getattr(self.config, "final_logit_softcapping", None) is None)
+        return self.lm_head.weight.shape[0] // MIN_VOCAB_CHUNK if can_split else 0
+
+    def head_part(self, row_slice: RowSlice, span: tuple[int, int] | None, part: tuple[int, int]) -> torch.Tensor:
+        """Unit j of a span's head split over K vocabulary chunks, part = (j, K); returns the loss it adds.
+        j < K: chunk j's logits, kept, and the running log-sum-exp over the chunks so far; at j = K - 1 the
+        span's loss (as head's). K <= j < 2K: chunk j - K's share of the gradient of the normed input, which
+        reads the chunk's weight once more; at j = 2K - 1 its backward through the norm, as head's. The weight
+        is read twice in all, as by head's forward and backward, in units of 1/K of it."""
+        j, num_parts = part
+        hidden_all = row_slice.hidden[self.num_layers]
+        seq_len = hidden_all.shape[1]
+        start, end = span or (0, seq_len)
+        vocab_size = self.lm_head.weight.shape[0]
+        bounds = [vocab_size * k // num_parts for k in range(num_parts + 1)]
+        k = j % num_parts
+        lo, hi = bounds[k], bounds[k + 1]
+        weight = self.lm_head.weight[lo:hi]
+        bias = None if self.lm_head.bias is None else self.lm_head.bias[lo:hi]
+        if j == 0:
+            hidden = hidden_all[:, start:end].detach().requires_grad_(True)
+            with torch.enable_grad(), self._autocast():
+                normed = self.norm(hidden)
+            labels = nn.functional.pad(row_slice.inputs["labels"], (0, 1), value=-100)[:, start + 1:end + 1]
+            row_slice.head_parts = HeadParts(hidden, normed, labels)
+        state = row_slice.head_parts
+        in_chunk = (state.labels >= lo) & (state.labels < hi)
+        if j < num_parts:
+            with torch.no_grad(), self._autocast():
+                logits = nn.functional.linear(state.normed.detach(), weight, bias)
+            logits = logits.float()  # as the loss function upcasts
+            state.logits.append(logits)
+            chunk_max = logits.amax(dim=-1)
+            if state.max_logit is None:
+                state.max_logit, state.sum_exp = chunk_max, torch.zeros_like(chunk_max)
+                state.label_logit = torch.zeros_like(chunk_max)
+            new_max = torch.maximum(state.max_logit, chunk_max)
+            state.sum_exp = (state.sum_exp * torch.exp(state.max_logit - new_max)
+                             + torch.exp(logits - new_max.unsqueeze(-1)).sum(dim=-1))
+            state.max_logit = new_max
+            picked = logits.gather(-1, (state.labels - lo).clamp(0, hi - lo - 1).unsqueeze(-1)).squeeze(-1)
+            state.label_logit = torch.where(in_chunk, picked, state.label_logit)
+            if j < num_parts - 1:
+                return torch.zeros((), device=hidden_all.device)
+            state.max_logit = state.max_logit + torch.log(state.sum_exp)  # now the log-sum-exp
+            valid = state.labels.ne(-100)
+            loss = ((state.max_logit - state.label_logit) * valid).sum() / row_slice.loss_denominator
+            row_slice.loss = loss if start == 0 else row_slice.loss + loss
+            return loss
+        # pass two: d loss / d logits = (softmax - one-hot) / denominator on labelled positions
+        logits = state.logits[k]
+        state.logits[k] = None
+        grad_logits = torch.exp(logits - state.max_logit.unsqueeze(-1))
+        # -1 at each label in this chunk (a scatter, not an index by nonzero(): no device sync on a GPU)
+        grad_logits.scatter_add_(-1, (state.labels - lo).clamp(0, hi - lo - 1).unsqueeze(-1),
+                                 -in_chunk.unsqueeze(-1).to(grad_logits.dtype))
+        grad_logits *= (state.labels.ne(-100) / row_slice.loss_denominator).unsqueeze(-1)
+        with torch.no_grad():
+            grad = grad_logits.to(weight.dtype if self.autocast_dtype is None else self.autocast_dtype)
+            part_grad = (grad @ weight.to(grad.dtype)).float()
+        state.grad_normed = part_grad if state.grad_normed is None else state.grad_normed + part_grad
+        if j < 2 * num_parts - 1:
+            return torch.zeros((), device=hidden_all.device)
+        torch.autograd.backward(state.normed, state.grad_normed.to(state.normed.dtype))
+        if span is None:
+            row_slice.grad = state.hidden.grad
+        else:
+            if start == 0:
+                row_slice.grad = torch.empty_like(hidden_all)
+            row_slice.grad[:, start:end] = state.hidden.grad
+        if end == seq_len:
+            row_slice.hidden[self.num_layers] = None
+        row_slice.head_parts = None
+        return torch.zeros((), device=hidden_all.device)
 
     def backward(self, row_slice: RowSlice, layer_id: int) -> None:
         needs_input_grad = layer_id > 0 or self.is_embed_trainable

@@ -80,7 +80,8 @@ class FinetuneEngine:
         if config.num_window_layers is not None and not self.is_shared:
             self._num_window_layers = min(config.num_window_layers, self.units.num_layers)
         self._sizer = UnitSizer(config.max_unit_ms, config.max_slice_rows)
-        self._queue = StepQueue(self.setup, self._sizer, self.device, self.units.num_layers)
+        self._queue = StepQueue(self.setup, self._sizer, self.device, self.units.num_layers,
+                                self.units.max_head_vocab_parts)
         self._step_loss = torch.zeros((), device=self.device)
         self._step_ms = 0.0
         self._step_tokens = 0
@@ -155,7 +156,9 @@ class FinetuneEngine:
             torch.cuda.current_stream(self.device).synchronize()
         duration_ms = (time.perf_counter() - started) * 1e3
         num_tokens = self._queue.num_unit_tokens(unit)
-        self._sizer.observe(unit.kind, num_tokens, duration_ms)
+        # A head unit over 1/K of the vocabulary, in one of two passes, is timed as a whole head for the sizer.
+        whole_ms = duration_ms if unit.vocab_part is None else duration_ms * 2 * unit.vocab_part[1]
+        self._sizer.observe(unit.kind, num_tokens, whole_ms)
         self._step_ms += duration_ms
         is_step_end = unit.kind == "optimizer"
         kind = unit.kind
@@ -188,8 +191,10 @@ class FinetuneEngine:
             self.units.embed(row_slice)
         elif unit.kind == "forward":
             self.units.forward(row_slice, unit.layer_id)
-        elif unit.kind == "head":
+        elif unit.kind == "head" and unit.vocab_part is None:
             self._step_loss += self.units.head(row_slice, unit.span)
+        elif unit.kind == "head":
+            self._step_loss += self.units.head_part(row_slice, unit.span, unit.vocab_part)
         elif unit.kind == "backward":
             self.units.backward(row_slice, unit.layer_id)
         else:

@@ -2,8 +2,8 @@
 
 A step takes the next gradient-accumulation window of micro-batches from the Trainer's dataloader, splits
 each into row slices (UnitSizer: so one unit stays under its time bound) and queues, per row slice,
-embed -> forward per layer -> head (one unit, or one per span of positions) -> backward per layer (reversed),
-then one optimizer unit.
+embed -> forward per layer -> head (one unit, or one per span of positions, each split over vocabulary chunks
+where one span's head alone is over the bound) -> backward per layer (reversed), then one optimizer unit.
 """
 
 from collections import deque
@@ -26,11 +26,15 @@ class Unit:
     slice_id: int
     span: tuple[int, int] | None = None
     """A head unit's sequence positions [start, end); None: the whole sequence."""
+    vocab_part: tuple[int, int] | None = None
+    """(j, K): unit j of 2K of a head split over K vocabulary chunks (DecoderUnits.head_part); None: whole."""
 
 
 class StepQueue:
-    def __init__(self, setup: TrainingSetup, sizer: UnitSizer, device: torch.device, num_layers: int):
+    def __init__(self, setup: TrainingSetup, sizer: UnitSizer, device: torch.device, num_layers: int,
+                 max_head_vocab_parts: int = 0):
         self._setup, self._sizer, self._device, self._num_layers = setup, sizer, device, num_layers
+        self._max_head_vocab_parts = max_head_vocab_parts
         self._units: deque[Unit] = deque()
         self.slices: list[RowSlice] = []
         self.epoch, self.update_step = 0, 0
@@ -120,7 +124,13 @@ class StepQueue:
             self._units.extend(Unit("forward", i, slice_id) for i in range(self._num_layers))
             num_rows, seq_len = self.slices[slice_id].inputs["input_ids"].shape
             spans = self._sizer.head_spans(num_rows, seq_len)
-            self._units.extend(Unit("head", None, slice_id, None if len(spans) == 1 else span) for span in spans)
+            for span in spans:
+                parts = self._sizer.head_vocab_parts(num_rows * (span[1] - span[0]), self._max_head_vocab_parts)
+                span_or_whole = None if len(spans) == 1 else span
+                if parts:
+                    self._units.extend(Unit("head", None, slice_id, span_or_whole, (j, parts)) for j in range(2 * parts))
+                else:
+                    self._units.append(Unit("head", None, slice_id, span_or_whole))
             self._units.extend(Unit("backward", i, slice_id) for i in reversed(range(self._num_layers)))
         self._units.append(Unit("optimizer", None, len(self.slices) - 1))
 

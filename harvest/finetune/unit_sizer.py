@@ -3,11 +3,13 @@
 Torch-free. A unit of a kind costs a fixed part (per layer: the module calls and kernel launches; the head:
 the vocabulary projection's weight read and its gradient's product, once per unit whatever its span) plus a
 part per token, fitted per kind as a line through its recent units' distinct sizes. Rows are cut so the
-slowest kind but the head fits the bound; the head is cut along the sequence instead. A unit carries at
+slowest kind but the head fits the bound; the head is cut along the sequence instead, and a span whose head
+is still over the bound along the vocabulary (head_vocab_parts: its fixed cost is split too). A unit carries at
 least as much per-token work as its fixed cost: where the bound leaves less room, it runs up to twice its
 fixed cost rather than spend most of its time on it (cut on per-token cost alone, the demo job's head went to
 spans of ~2 tokens at an 18.6 ms bound and the job trained at a third of its uncut rate: eval/README.md).
-Splitting rows or spans does not change the result: the loss is a token sum over the accumulation window.
+Splitting rows, spans or the vocabulary does not change the result: the loss is a token sum over the
+accumulation window (over vocabulary chunks, up to float rounding: the log-sum-exp is summed chunk by chunk).
 """
 
 import math
@@ -81,6 +83,17 @@ class UnitSizer:
         if self.max_slice_rows is not None:
             rows = min(rows, self.max_slice_rows)
         return max(1, min(rows, num_rows))
+
+    def head_vocab_parts(self, num_tokens: int, max_parts: int) -> int:
+        """K <= max_parts: the vocabulary chunks a head unit over `num_tokens` tokens is split into, in 2K
+        units (K for the logits, K for the gradient), so one stays under `max_unit_ms` at the head's measured
+        cost; 0: one whole unit (it fits, nothing is timed yet, or max_parts is 0). The head's fixed cost, its
+        weight read, is what a span of one position cannot cut; each of K chunks reads 1/K of it."""
+        if self.max_unit_ms is None or not self._ms.get("head") or max_parts < 1:
+            return 0
+        fixed, per_token = self.cost("head")
+        whole_ms = fixed + per_token * num_tokens
+        return 0 if whole_ms <= self.max_unit_ms else min(max_parts, math.ceil(whole_ms / (2 * self.max_unit_ms)))
 
     def head_spans(self, num_rows: int, seq_len: int) -> list[tuple[int, int]]:
         """Sequence positions [start, end) of each head unit of a row slice: as few equal spans as keep one
