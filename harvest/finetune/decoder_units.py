@@ -135,22 +135,27 @@ class DecoderUnits:
                 loss = self.base.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
                                                num_items_in_batch=row_slice.loss_denominator)
             else:
-                # position p predicts the label at p + 1 (what the loss function's own shift does)
-                shift_labels = nn.functional.pad(labels, (0, 1), value=-100)[:, start + 1:end + 1].contiguous()
+                shift_labels = _span_labels(labels, start, end).contiguous()
                 loss = self.base.loss_function(logits=logits, labels=None, shift_labels=shift_labels,
                                                vocab_size=self.config.vocab_size,
                                                num_items_in_batch=row_slice.loss_denominator)
         loss.backward()
+        self._store_head_grad(row_slice, span, hidden.grad)
+        row_slice.loss = loss.detach() if start == 0 else row_slice.loss + loss.detach()
+        return loss.detach()
+
+    def _store_head_grad(self, row_slice: RowSlice, span: tuple[int, int] | None, grad: torch.Tensor) -> None:
+        """The head's gradient for its span's positions; after the last span the head's input is let go."""
+        hidden_all = row_slice.hidden[self.num_layers]
+        start, end = span or (0, hidden_all.shape[1])
         if span is None:
-            row_slice.grad = hidden.grad
+            row_slice.grad = grad
         else:
             if start == 0:
                 row_slice.grad = torch.empty_like(hidden_all)
-            row_slice.grad[:, start:end] = hidden.grad
-        if end == seq_len:
+            row_slice.grad[:, start:end] = grad
+        if end == hidden_all.shape[1]:
             row_slice.hidden[self.num_layers] = None
-        row_slice.loss = loss.detach() if start == 0 else row_slice.loss + loss.detach()
-        return loss.detach()
 
     @property
     def max_head_vocab_parts(self) -> int:
@@ -185,8 +190,7 @@ class DecoderUnits:
             hidden = hidden_all[:, start:end].detach().requires_grad_(True)
             with torch.enable_grad(), self._autocast():
                 normed = self.norm(hidden)
-            labels = nn.functional.pad(row_slice.inputs["labels"], (0, 1), value=-100)[:, start + 1:end + 1]
-            row_slice.head_parts = HeadParts(hidden, normed, labels)
+            row_slice.head_parts = HeadParts(hidden, normed, _span_labels(row_slice.inputs["labels"], start, end))
         state = row_slice.head_parts
         in_chunk = (state.labels >= lo) & (state.labels < hi)
         if j < num_parts:
@@ -226,14 +230,7 @@ class DecoderUnits:
         if j < 2 * num_parts - 1:
             return torch.zeros((), device=hidden_all.device)
         torch.autograd.backward(state.normed, state.grad_normed.to(state.normed.dtype))
-        if span is None:
-            row_slice.grad = state.hidden.grad
-        else:
-            if start == 0:
-                row_slice.grad = torch.empty_like(hidden_all)
-            row_slice.grad[:, start:end] = state.hidden.grad
-        if end == seq_len:
-            row_slice.hidden[self.num_layers] = None
+        self._store_head_grad(row_slice, span, state.hidden.grad)
         row_slice.head_parts = None
         return torch.zeros((), device=hidden_all.device)
 
@@ -265,6 +262,12 @@ class DecoderUnits:
         if self.autocast_dtype is None:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+
+def _span_labels(labels: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """The label each position of [start, end) predicts: the next position's (what the loss function's own
+    shift does), -100 after the last."""
+    return nn.functional.pad(labels, (0, 1), value=-100)[:, start + 1:end + 1]
 
 
 class GeneratorDropout(nn.Module):
