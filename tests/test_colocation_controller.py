@@ -129,6 +129,39 @@ def test_a_kinds_first_unit_is_a_warm_up_that_does_not_price_it_out():
     assert run_step(controller, clock, 5.0, batch_size=1).finetune_ms > 0
 
 
+@pytest.mark.parametrize("stall_ms", [300.0, 60.0])
+def test_a_host_stall_keeps_a_kind_out_of_slices_for_a_few_steps_only(stall_ms):
+    """A stalled unit's time would keep its kind out of every slice until 32 newer times replace it, and a
+    worker that never idles times none: after STALL_PATIENCE slices that could not admit the kind, its
+    longest time is forgotten where the kind fits without it. A kind whose times are all long is never
+    admitted that way."""
+    from harvest.colocation.controller import STALL_PATIENCE
+
+    controller, clock = temporal()
+    job = controller.job
+    controller.batch_cost.slope_ms = 0.0  # decode does not grow with the batch: the slice is all the slack
+    for _ in range(3):  # the warm-up and two 5 ms times
+        controller.on_idle()
+    job._unit = SimulatedUnit("unit", stall_ms, 5.0)
+    controller.on_idle()  # the stall
+    job._unit = SimulatedUnit("unit", UNIT_MS, 5.0)
+    run_step(controller, clock, 1.0, batch_size=1)  # pays the idle wait: no slack
+    steps = [run_step(controller, clock, 1.0, batch_size=1) for _ in range(STALL_PATIENCE)]
+    assert [s.finetune_ms for s in steps[:-1]] == [0.0] * (STALL_PATIENCE - 1)
+    assert steps[-1].finetune_ms > 0
+    times = controller.stats()["unit_ms"]["unit"]
+    assert times["stalls_forgotten"] == 1 and times["max"] == UNIT_MS
+
+    controller, clock = temporal()
+    controller.batch_cost.slope_ms = 0.0
+    controller.job._unit = SimulatedUnit("unit", 60.0, 5.0)  # every unit is longer than the 39 ms slack
+    for _ in range(4):
+        controller.on_idle()
+    steps = [run_step(controller, clock, 1.0, batch_size=1) for _ in range(3 * STALL_PATIENCE)]
+    assert sum(s.finetune_ms for s in steps) == 0.0
+    assert controller.stats()["unit_ms"]["unit"]["stalls_forgotten"] == 0
+
+
 def test_the_batch_cost_fit_finds_the_decode_cost_and_how_far_decode_overruns_it():
     from harvest.colocation.controller import BatchCost
 

@@ -22,6 +22,10 @@ from harvest.colocation.finetune_job import ACTIVE_PHASES
 from harvest.step_stats import DecodeStep, SloTracker
 
 RECENT_UNITS_PER_KIND = 32
+STALL_PATIENCE = 8
+"""After this many slices in a row that could not admit a kind, its longest recent time is taken for a host
+stall and forgotten, if the kind fits without it: the slice reserve covers stalls, and a kind out of every
+slice would wait for idle turns to replace the time (none on a busy worker)."""
 UNIT_QUANTILE_Z = 3.09
 """A unit is admitted if this high a quantile of its kind's recent times fits (the normal 99.9th percentile
 of log unit time): slice lengths and the host make unit times spread, and an overrun breaks the step."""
@@ -125,6 +129,8 @@ class Controller:
         self._first_unit_ms: dict[str, float] = {}
         self._recent_unit_ms: dict[str, deque[float]] = {}
         self._unit_estimates: dict[str, float] = {}
+        self._refusals: dict[str, int] = {}
+        self._forgotten: dict[str, int] = {}
         self._decision = None
         self._idle_unit_ms = 0.0
         self._publish_ms = 0.0
@@ -201,7 +207,10 @@ class Controller:
         excess_ms = 0.0
         while self.job.has_ready_work():
             estimate_ms = self._next_unit_estimate_ms()
-            if estimate_ms > admit_ms - (self.clock() - started) * 1e3:
+            room_ms = admit_ms - (self.clock() - started) * 1e3
+            if estimate_ms > room_ms:
+                if room_ms > 0 and self._forget_a_stall(self.job.next_unit_kind(), room_ms):
+                    continue
                 break
             result = self._run_unit()
             if result is None:
@@ -281,6 +290,7 @@ class Controller:
             ordered = sorted(self._recent_unit_ms.get(kind, ()))
             estimate = self._estimate_ms(kind)
             out[kind] = {"first_ms": round(first_ms, 3), "n": len(ordered),
+                         "stalls_forgotten": self._forgotten.get(kind, 0),
                          "p50": round(ordered[len(ordered) // 2], 3) if ordered else None,
                          "max": round(ordered[-1], 3) if ordered else None,
                          "admit_ms": None if math.isinf(estimate) else round(estimate, 3)}
@@ -342,7 +352,26 @@ class Controller:
             else:
                 recent.append(result.duration_ms)
             self._unit_estimates.pop(result.kind, None)
+            self._refusals.pop(result.kind, None)
         return result
+
+    def _forget_a_stall(self, kind: str, room_ms: float) -> bool:
+        """The slice has `room_ms` but the kind's estimate is over it: on the STALL_PATIENCE-th such slice in
+        a row, forget its longest recent time if the estimate without it fits. True if it forgot one."""
+        refusals = self._refusals[kind] = self._refusals.get(kind, 0) + 1
+        recent = self._recent_unit_ms.get(kind)
+        if refusals < STALL_PATIENCE or recent is None or len(recent) < 3:
+            return False
+        rest = list(recent)
+        longest = max(rest)
+        rest.remove(longest)
+        if self._estimate_of(rest) > room_ms:
+            return False
+        recent.remove(longest)  # the scheduler thread owns the job here: no unit thread appends meanwhile
+        self._unit_estimates.pop(kind, None)
+        self._refusals.pop(kind, None)
+        self._forgotten[kind] = self._forgotten.get(kind, 0) + 1
+        return True
 
     def _next_unit_estimate_ms(self) -> float:
         """What the next unit is admitted at: see _estimate_ms."""
@@ -353,8 +382,8 @@ class Controller:
         left out. A kind timed fewer than 2 times after its warm-up is estimated at twice the job's unit bound
         (units are cut to the bound, but the first ones before any is timed, so they may overrun it), or
         admitted in idle loops only if it has none.
-        Known limit: one host stall keeps a kind out of every slice until 32 newer times replace it, and only
-        idle turns time it (eval/README.md, "Temporal slice", says why a more robust estimate is not used)."""
+        A host stall in the times keeps the kind out of slices for STALL_PATIENCE slices (_forget_a_stall);
+        eval/README.md, "Temporal slice", says why a more robust estimate is not used."""
         cached = self._unit_estimates.get(kind)
         if cached is not None:
             return cached
@@ -362,12 +391,13 @@ class Controller:
         if len(recent) < 2:
             bound = self.job.max_unit_ms
             return float("inf") if bound is None else 2.0 * bound
-        logs = [math.log(ms) for ms in recent]
-        mean = statistics.fmean(logs)
-        std = statistics.stdev(logs)
-        estimate = max(max(recent), math.exp(mean + UNIT_QUANTILE_Z * std))
-        self._unit_estimates[kind] = estimate
+        estimate = self._unit_estimates[kind] = self._estimate_of(recent)
         return estimate
+
+    @staticmethod
+    def _estimate_of(times: list[float]) -> float:
+        logs = [math.log(ms) for ms in times]
+        return max(max(times), math.exp(statistics.fmean(logs) + UNIT_QUANTILE_Z * statistics.stdev(logs)))
 
 
 class TemporalController(Controller):
