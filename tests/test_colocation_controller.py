@@ -162,6 +162,26 @@ def test_a_host_stall_keeps_a_kind_out_of_slices_for_a_few_steps_only(stall_ms):
     assert controller.stats()["unit_ms"]["unit"]["stalls_forgotten"] == 0
 
 
+def test_a_unit_beside_decode_does_not_price_the_slice_units_of_its_kind():
+    """Co-run units run on the finetune partition (one core of two), slice units on the whole device: the
+    slower co-run times are kept apart (stats unit_ms.<kind>.co_run) and count only for how long a pause
+    waits for the unit in flight."""
+    controller, clock = temporal()
+    job = controller.job
+    controller.on_idle()  # the warm-up
+    job._unit = SimulatedUnit("unit", 4 * UNIT_MS, 5.0)
+    for _ in range(5):
+        controller._run_unit(co_run=True)
+    job._unit = SimulatedUnit("unit", UNIT_MS, 5.0)
+    controller.on_idle()
+    controller.on_idle()
+    assert controller._next_unit_estimate_ms() == pytest.approx(UNIT_MS)
+    times = controller.stats()["unit_ms"]["unit"]
+    assert (times["n"], times["max"]) == (2, UNIT_MS)
+    assert times["co_run"] == {"n": 5, "p50": 4 * UNIT_MS, "max": 4 * UNIT_MS}
+    assert controller.stats()["reaction"]["longest_recent_unit_ms"] == 4 * UNIT_MS
+
+
 def test_the_batch_cost_fit_finds_the_decode_cost_and_how_far_decode_overruns_it():
     from harvest.colocation.controller import BatchCost
 

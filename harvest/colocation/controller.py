@@ -127,7 +127,8 @@ class Controller:
         self.lender = lender
         self.clock = clock
         self._first_unit_ms: dict[str, float] = {}
-        self._recent_unit_ms: dict[str, deque[float]] = {}
+        self._recent_unit_ms: dict[str, deque[float]] = {}   # on the whole device: slice and idle units
+        self._co_run_unit_ms: dict[str, deque[float]] = {}   # beside decode, on the finetune partition
         self._unit_estimates: dict[str, float] = {}
         self._refusals: dict[str, int] = {}
         self._forgotten: dict[str, int] = {}
@@ -284,21 +285,27 @@ class Controller:
         }
 
     def unit_time_stats(self) -> dict:
-        """Per unit kind, its recent times and what the slice admits it at (None: not admitted in a slice)."""
+        """Per unit kind, its recent times on the whole device and what the slice admits it at (None: not
+        admitted in a slice), and its recent times beside decode (co_run; spatial mode)."""
+        def summary(times) -> dict:
+            ordered = sorted(times)
+            return {"n": len(ordered), "p50": round(ordered[len(ordered) // 2], 3) if ordered else None,
+                    "max": round(ordered[-1], 3) if ordered else None}
+
         out = {}
         for kind, first_ms in list(self._first_unit_ms.items()):
-            ordered = sorted(self._recent_unit_ms.get(kind, ()))
             estimate = self._estimate_ms(kind)
-            out[kind] = {"first_ms": round(first_ms, 3), "n": len(ordered),
+            co_run = self._co_run_unit_ms.get(kind)
+            out[kind] = {"first_ms": round(first_ms, 3), **summary(self._recent_unit_ms.get(kind, ())),
                          "stalls_forgotten": self._forgotten.get(kind, 0),
-                         "p50": round(ordered[len(ordered) // 2], 3) if ordered else None,
-                         "max": round(ordered[-1], 3) if ordered else None,
-                         "admit_ms": None if math.isinf(estimate) else round(estimate, 3)}
+                         "admit_ms": None if math.isinf(estimate) else round(estimate, 3),
+                         "co_run": None if co_run is None else summary(co_run)}
         return out
 
     def reaction_stats(self) -> dict:
         """How soon decode gets the device back: a batch arriving during an idle-time unit waits for it."""
-        longest = max((max(r) for r in list(self._recent_unit_ms.values()) if r), default=None)
+        recent = list(self._recent_unit_ms.values()) + list(self._co_run_unit_ms.values())
+        longest = max((max(r) for r in recent if r), default=None)
         shortest_step = None if self.planner is None else self.planner.shortest_step_ms
         return {
             "longest_recent_unit_ms": None if longest is None else round(longest, 3),
@@ -339,19 +346,24 @@ class Controller:
         # Growth waits while the operator pauses the job, not while it waits for memory: that is what it needs.
         return self.lender.rebalance(kv_demand_slots, can_grow=can_grow and self.job.state in ACTIVE_PHASES)
 
-    def _run_unit(self):
+    def _run_unit(self, co_run: bool = False):
+        """Run the job's next unit and keep its time. `co_run`: it ran beside decode on the finetune partition
+        (the unit thread): slower than on the whole device, so its time is kept apart and never prices a slice
+        unit, which runs on the whole device."""
         result = self.job.run_unit()
         if result is not None and result.duration_ms > 0:
-            recent = self._recent_unit_ms.get(result.kind)
+            times = self._co_run_unit_ms if co_run else self._recent_unit_ms
+            recent = times.get(result.kind)
             if result.kind not in self._first_unit_ms:
                 # The process's first unit of a kind is its warm-up (allocations, lazily built kernels and
                 # autograd state): 50-500x the kind's other times, so it is no sample of them.
                 self._first_unit_ms[result.kind] = result.duration_ms
             elif recent is None:  # built whole before it is published: the admin thread never sees it empty
-                self._recent_unit_ms[result.kind] = deque([result.duration_ms], maxlen=RECENT_UNITS_PER_KIND)
+                times[result.kind] = deque([result.duration_ms], maxlen=RECENT_UNITS_PER_KIND)
             else:
                 recent.append(result.duration_ms)
-            self._unit_estimates.pop(result.kind, None)
+            if not co_run:
+                self._unit_estimates.pop(result.kind, None)
             self._refusals.pop(result.kind, None)
         return result
 

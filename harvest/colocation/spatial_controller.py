@@ -123,7 +123,7 @@ class SpatialController(Controller):
                 if self._may_run.is_set() and partition is not None and partition[1] > 0 and \
                         self.job.has_ready_work():
                     with self.partitions.finetune_context(*partition):
-                        result = super()._run_unit()
+                        result = super()._run_unit(co_run=True)
                     ran = result is not None
                     self._co_run_tokens += result.num_trained_tokens if ran else 0
             if not ran:
