@@ -60,11 +60,12 @@ def test_a_tight_unit_budget_splits_micro_batches_without_changing_the_result(jo
     monkeypatch.setattr(UnitSizer, "observe", lambda self, kind, num_tokens, duration_ms:
                         observe(self, kind, num_tokens, float(num_tokens)))
     split = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(max_unit_ms=1e-6))
-    slice_ids, heads_per_step = set(), [0]
+    slice_ids, heads_per_step, kinds = set(), [0], []
     while not split.is_finished:
         result = split.run_next_unit()
         slice_ids.add(result.slice_id)
         heads_per_step[-1] += result.kind == "head"
+        kinds.append(result.kind)
         if result.is_step_end:
             heads_per_step.append(0)
     batch_size = split.llamafactory.training_args.per_device_train_batch_size
@@ -72,8 +73,28 @@ def test_a_tight_unit_budget_splits_micro_batches_without_changing_the_result(jo
     # ... and once a head is timed, every row's head is cut into one unit per position (the loss is a sum over
     # positions)
     assert heads_per_step[0] == batch_size and all(n > 2 * batch_size for n in heads_per_step[1:-1])
+    assert kinds.count("recompute") == kinds.count("backward") > 0  # a bounded layer backward is two units
     expected = lora_state_dict(reference)
     for key, weight in lora_state_dict(split).items():
+        torch.testing.assert_close(weight, expected[key], rtol=1e-5, atol=1e-7)
+
+
+def test_a_layer_evicted_between_its_recompute_and_backward_units_is_recomputed_again(job_path):
+    """The recompute unit's graph holds the layer's resident weights; evicting the layer (its memory lent back
+    to decode) before the backward unit moves them, so the backward unit recomputes on the refetched ones."""
+    reference = FinetuneEngine.from_yaml(job_path)
+    reference.run_step()
+    engine = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(max_unit_ms=1e3))
+    kinds = []
+    while not kinds or kinds[-1] != "optimizer":
+        if kinds[-1:] == ["recompute"] and "backward" not in kinds:
+            engine.set_window(0)
+            engine.set_window(NUM_LAYERS)
+        kinds.append(engine.run_next_unit().kind)
+    assert kinds.count("recompute") == kinds.count("backward") > NUM_LAYERS
+    assert engine.stats()["recomputed_again"] == 1
+    expected = lora_state_dict(reference)
+    for key, weight in lora_state_dict(engine).items():
         torch.testing.assert_close(weight, expected[key], rtol=1e-5, atol=1e-7)
 
 

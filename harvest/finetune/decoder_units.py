@@ -4,6 +4,8 @@ embed -> forward(0..L-1) -> head (+ loss, + its backward) -> backward(L-1..0). F
 autograd and keep only each layer's input; a backward unit recomputes its layer from that input with
 autograd on and backpropagates the gradient arriving from above, exactly what gradient checkpointing (on by
 default in LlamaFactory) does, but one layer per call so a scheduler can stop between any two layers.
+Where units are bounded in time, a layer's backward is two units: recompute (its forward with autograd on,
+the graph kept) and backward (the gradient through that graph), so neither carries the whole layer's cost.
 """
 
 from contextlib import contextmanager, nullcontext
@@ -40,6 +42,8 @@ class RowSlice:
     loss: torch.Tensor | None = None
     head_parts: "HeadParts | None" = None
     """What a head split over vocabulary chunks carries from one of its units to the next."""
+    recomputed: tuple[int, torch.Tensor, torch.Tensor] | None = None
+    """(layer_id, input, output) of a layer recomputed with its graph, for the backward unit after it."""
 
 
 @dataclass(slots=True)
@@ -234,14 +238,24 @@ class DecoderUnits:
         row_slice.head_parts = None
         return torch.zeros((), device=hidden_all.device)
 
-    def backward(self, row_slice: RowSlice, layer_id: int) -> None:
+    def recompute(self, row_slice: RowSlice, layer_id: int) -> None:
+        """The first half of backward(layer_id): the layer's forward from its kept input, with autograd on (and
+        its dropout masks replayed); the graph waits in the row slice for backward."""
         needs_input_grad = layer_id > 0 or self.is_embed_trainable
         hidden = row_slice.hidden[layer_id].detach().requires_grad_(needs_input_grad)
         rng_state = row_slice.rng_states.pop(layer_id, None)
         with _replayed(self.generator, rng_state), torch.enable_grad(), self._autocast():
             output = self._run_layer(layer_id, hidden, row_slice)
+        row_slice.recomputed = (layer_id, hidden, output)
+
+    def backward(self, row_slice: RowSlice, layer_id: int) -> None:
+        """Backpropagate through the layer, recomputing it first unless a recompute unit just did."""
+        if row_slice.recomputed is None or row_slice.recomputed[0] != layer_id:
+            self.recompute(row_slice, layer_id)
+        _, hidden, output = row_slice.recomputed
+        row_slice.recomputed = None
         torch.autograd.backward(output, row_slice.grad)
-        row_slice.grad = hidden.grad if needs_input_grad else None
+        row_slice.grad = hidden.grad if hidden.requires_grad else None
         row_slice.hidden[layer_id] = None
         if layer_id == 0 and self.is_embed_trainable:
             with torch.enable_grad(), self._autocast():

@@ -29,7 +29,7 @@ from harvest.finetune.unit_sizer import UnitSizer
 from harvest.finetune.weight_memory import WeightMemory
 from harvest.finetune.window_policy import WindowPolicy
 
-UNIT_KINDS = ("embed", "forward", "head", "backward", "optimizer", "checkpoint")
+UNIT_KINDS = ("embed", "forward", "head", "recompute", "backward", "optimizer", "checkpoint")
 """"checkpoint": an optimizer step whose step end writes a checkpoint, timed as its own kind (with the write)."""
 
 
@@ -85,6 +85,9 @@ class FinetuneEngine:
         self._step_loss = torch.zeros((), device=self.device)
         self._step_ms = 0.0
         self._step_tokens = 0
+        self._recomputed_residency: int | None = None
+        self.num_recomputed_again = 0
+        """Backward units that recomputed their layer again: it was evicted after its recompute unit."""
         self.global_step = 0
         position = self._resume() if config.resume else {"epoch": 0, "update_step": 0}
         self._log = StepLog(llamafactory.output_dir / config.log_name,
@@ -195,7 +198,16 @@ class FinetuneEngine:
             self._step_loss += self.units.head(row_slice, unit.span)
         elif unit.kind == "head":
             self._step_loss += self.units.head_part(row_slice, unit.span, unit.vocab_part)
+        elif unit.kind == "recompute":
+            self.units.recompute(row_slice, unit.layer_id)
+            self._recomputed_residency = self._swapper.residency(unit.layer_id)
         elif unit.kind == "backward":
+            if row_slice.recomputed is not None and \
+                    self._swapper.residency(unit.layer_id) != self._recomputed_residency:
+                # The layer was evicted since its recompute unit (its memory lent back to decode): the graph
+                # points at weights that moved, so the layer is recomputed on the ones resident now.
+                row_slice.recomputed = None
+                self.num_recomputed_again += 1
             self.units.backward(row_slice, unit.layer_id)
         else:
             self._optimizer_step()
@@ -296,6 +308,7 @@ class FinetuneEngine:
             "resident_layers": self._swapper.num_resident_layers,
             "resident_bytes": self._swapper.resident_bytes(),
             "frozen_bytes": self.frozen_bytes(),
+            "recomputed_again": self.num_recomputed_again,
             "base_weights": self.base_weights,
             "state": state,
         }

@@ -34,6 +34,8 @@ class LayerSwapper:
         self._copy_stream = torch.cuda.Stream(device) if self._is_cuda else None
         self._groups: list[list[_FrozenGroup]] = []
         self._ready_events: dict[int, torch.cuda.Event | None] = {}
+        self._residencies: dict[int, int] = {}
+        self._num_fetches = 0
         for layer in layers:
             by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
             for param in layer.parameters():
@@ -99,11 +101,18 @@ class LayerSwapper:
                 event = torch.cuda.Event()
                 event.record(self._copy_stream)
         self._ready_events[layer_id] = event
+        self._num_fetches += 1
+        self._residencies[layer_id] = self._num_fetches
         return True
 
     def is_resident(self, layer_id: int) -> bool:
         """Fetched (or being fetched) and not evicted since."""
         return layer_id in self._ready_events
+
+    def residency(self, layer_id: int) -> int | None:
+        """Which fetch of the layer is resident (None: not resident): the same number means its weights have
+        not moved since."""
+        return self._residencies.get(layer_id)
 
     def is_ready(self, layer_id: int) -> bool:
         if layer_id not in self._ready_events:
@@ -132,6 +141,7 @@ class LayerSwapper:
             self.memory.free_tensor(group.resident)
             group.resident = None
         del self._ready_events[layer_id]
+        del self._residencies[layer_id]
 
     def apply(self, target_layer_ids: list[int]) -> None:
         """Evict everything outside the target window, then fetch the target layers, soonest first. When the

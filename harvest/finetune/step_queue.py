@@ -3,7 +3,8 @@
 A step takes the next gradient-accumulation window of micro-batches from the Trainer's dataloader, splits
 each into row slices (UnitSizer: so one unit stays under its time bound) and queues, per row slice,
 embed -> forward per layer -> head (one unit, or one per span of positions, each split over vocabulary chunks
-where one span's head alone is over the bound) -> backward per layer (reversed), then one optimizer unit.
+where one span's head alone is over the bound) -> backward per layer (reversed; where units have a time
+bound, each is a recompute unit and a backward unit), then one optimizer unit.
 """
 
 from collections import deque
@@ -131,7 +132,10 @@ class StepQueue:
                     self._units.extend(Unit("head", None, slice_id, span_or_whole, (j, parts)) for j in range(2 * parts))
                 else:
                     self._units.append(Unit("head", None, slice_id, span_or_whole))
-            self._units.extend(Unit("backward", i, slice_id) for i in reversed(range(self._num_layers)))
+            for i in reversed(range(self._num_layers)):
+                if self._sizer.max_unit_ms is not None:
+                    self._units.append(Unit("recompute", i, slice_id))
+                self._units.append(Unit("backward", i, slice_id))
         self._units.append(Unit("optimizer", None, len(self.slices) - 1))
 
     def _split(self, batch: dict[str, Any], denominator: torch.Tensor) -> list[RowSlice]:
