@@ -1,5 +1,6 @@
 """The unit stream a scheduler sees: order, results, and time-based splitting of micro-batches."""
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -79,18 +80,24 @@ def test_a_tight_unit_budget_splits_micro_batches_without_changing_the_result(jo
         torch.testing.assert_close(weight, expected[key], rtol=1e-5, atol=1e-7)
 
 
-def test_a_layer_evicted_between_its_recompute_and_backward_units_is_recomputed_again(job_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_layer_evicted_between_its_recompute_and_backward_units_is_recomputed_again(job_path, device):
     """The recompute unit's graph holds the layer's resident weights; evicting the layer (its memory lent back
-    to decode) before the backward unit moves them, so the backward unit recomputes on the refetched ones."""
-    reference = FinetuneEngine.from_yaml(job_path)
+    to decode) before the backward unit moves them, so the backward unit recomputes on the refetched ones.
+    On a GPU recompute units run on another stream than backward units, as a spatial worker runs them (the
+    finetune partition's stream, then the whole device's in a slice)."""
+    reference = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(device=device))
     reference.run_step()
-    engine = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(max_unit_ms=1e3))
+    engine = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(device=device, max_unit_ms=1e3))
+    side = torch.cuda.Stream() if device == "cuda" else None
     kinds = []
     while not kinds or kinds[-1] != "optimizer":
         if kinds[-1:] == ["recompute"] and "backward" not in kinds:
             engine.set_window(0)
             engine.set_window(NUM_LAYERS)
-        kinds.append(engine.run_next_unit().kind)
+        on_side = side is not None and engine.next_unit_kind() == "recompute"
+        with torch.cuda.stream(side) if on_side else contextlib.nullcontext():
+            kinds.append(engine.run_next_unit().kind)
     assert kinds.count("recompute") == kinds.count("backward") > NUM_LAYERS
     assert engine.stats()["recomputed_again"] == 1
     expected = lora_state_dict(reference)
