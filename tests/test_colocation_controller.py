@@ -238,11 +238,12 @@ class StallingJob(SimulatedJob):
 
 
 @pytest.mark.parametrize("every, stall_ms, reserve_ms", [(47, 9.0, 9.0), (43, 4.0, 4.0), (211, 9.0, 9.0),
-                                                          (2003, 9.0, 0.0), (10**9, 0.0, 0.0)])
+                                                          (2003, 9.0, 9.0), (10007, 9.0, 0.0), (10**9, 0.0, 0.0)])
 def test_the_slice_keeps_back_what_host_stalls_overran_units_by(every, stall_ms, reserve_ms):
-    """A stalled unit late in a slice overruns the step. Where more than 1 % of slices have a stalled unit
+    """A stalled unit late in a slice overruns the step. Where more than one slice in 1000 has a stalled unit
     the slice keeps the stall back (the reserve: a unit's estimate is 5 ms, its stalled time 5 + stall);
-    rarer stalls break fewer than 1 % of steps and are not worth the slice they would cost."""
+    rarer stalls break at most 0.1 % of steps, the attainment harvest aims at, and are not worth the slice
+    they would cost. Every slice here runs ~7 units: a stall every 2003 units is in ~1 slice of 286."""
     clock = SimClock()
     job = StallingJob(clock, every, stall_ms)
     controller = TemporalController(job, None, SloTracker(TARGET_MS, 1000), "test", clock=clock,
@@ -250,14 +251,14 @@ def test_the_slice_keeps_back_what_host_stalls_overran_units_by(every, stall_ms,
     controller.batch_cost.slope_ms = 0.0  # decode does not grow with the batch: the slice is all the slack
     controller.on_idle()
     controller.on_idle()
-    steps = [run_step(controller, clock, 3.0, batch_size=1) for _ in range(1000)]
+    steps = [run_step(controller, clock, 3.0, batch_size=1) for _ in range(2000)]
     reserve = controller.stats()["slice_reserve_ms"]
-    late = steps[500:]
-    print({"reserve_ms": reserve, "early_misses": sum(not s.is_slo_met for s in steps[:500]),
+    late = steps[1000:]
+    print({"reserve_ms": reserve, "early_misses": sum(not s.is_slo_met for s in steps[:1000]),
            "late_misses": sum(not s.is_slo_met for s in late),
            "late_tokens_per_step": sum(s.finetune_tokens for s in late) / len(late)})
     assert reserve == pytest.approx(reserve_ms)
-    assert sum(not s.is_slo_met for s in late) <= 0.01 * len(late)
+    assert sum(not s.is_slo_met for s in late) <= 0.001 * len(late)
     if reserve_ms:
         assert all(s.is_slo_met for s in late)
     if not stall_ms:  # a quiet host keeps nothing back: the slice is all the slack, to within one unit
