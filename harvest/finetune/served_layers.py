@@ -39,6 +39,9 @@ class ServedLayers:
     def is_resident(self, layer_id: int) -> bool:
         return True
 
+    def residency(self, layer_id: int) -> int:
+        return 0  # never moved
+
     def is_ready(self, layer_id: int) -> bool:
         return True
 
