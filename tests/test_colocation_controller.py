@@ -107,9 +107,9 @@ def test_before_any_unit_is_timed_the_slice_admits_units_where_twice_their_bound
     # The slice is 70 % of the target less the step (18 ms: no decode cost fitted yet, BatchCost): the
     # warm-up and one more unit are admitted at twice the bound (10 ms); then 8 ms are left, less than that.
     assert step.finetune_ms == pytest.approx(2 * UNIT_MS)
-    assert controller._next_unit_estimate_ms() == pytest.approx(2 * UNIT_MS)
+    assert controller._estimate_ms("unit") == pytest.approx(2 * UNIT_MS)
     run_step(controller, clock, 10.0)
-    assert controller._next_unit_estimate_ms() == pytest.approx(UNIT_MS)
+    assert controller._estimate_ms("unit") == pytest.approx(UNIT_MS)
 
 
 def test_a_kinds_first_unit_is_a_warm_up_that_does_not_price_it_out():
@@ -122,7 +122,7 @@ def test_a_kinds_first_unit_is_a_warm_up_that_does_not_price_it_out():
     job._unit = SimulatedUnit("unit", UNIT_MS, 5.0)
     controller.on_idle()
     controller.on_idle()
-    assert controller._next_unit_estimate_ms() == pytest.approx(UNIT_MS)
+    assert controller._estimate_ms("unit") == pytest.approx(UNIT_MS)
     times = controller.stats()["unit_ms"]["unit"]
     assert times["first_ms"] == pytest.approx(100 * UNIT_MS) and times["n"] == 2 and times["max"] == UNIT_MS
     run_step(controller, clock, 1.0, batch_size=1)  # pays the idle wait
@@ -166,7 +166,7 @@ def test_a_unit_beside_decode_does_not_price_the_slice_units_of_its_kind():
     """Co-run units run on the finetune partition (one core of two), slice units on the whole device: the
     slower co-run times are kept apart (stats unit_ms.<kind>.co_run) and count only for how long a pause
     waits for the unit in flight."""
-    controller, clock = temporal()
+    controller, _ = temporal()
     job = controller.job
     controller.on_idle()  # the warm-up
     job._unit = SimulatedUnit("unit", 4 * UNIT_MS, 5.0)
@@ -175,7 +175,7 @@ def test_a_unit_beside_decode_does_not_price_the_slice_units_of_its_kind():
     job._unit = SimulatedUnit("unit", UNIT_MS, 5.0)
     controller.on_idle()
     controller.on_idle()
-    assert controller._next_unit_estimate_ms() == pytest.approx(UNIT_MS)
+    assert controller._estimate_ms("unit") == pytest.approx(UNIT_MS)
     times = controller.stats()["unit_ms"]["unit"]
     assert (times["n"], times["max"]) == (2, UNIT_MS)
     assert times["co_run"] == {"n": 5, "p50": 4 * UNIT_MS, "max": 4 * UNIT_MS}

@@ -208,10 +208,11 @@ class Controller:
         admit_ms = budget_ms - self.slice_reserve_ms
         excess_ms = 0.0
         while self.job.has_ready_work():
-            estimate_ms = self._next_unit_estimate_ms()
+            kind = self.job.next_unit_kind()
+            estimate_ms = self._estimate_ms(kind)
             room_ms = admit_ms - (self.clock() - started) * 1e3
             if estimate_ms > room_ms:
-                if room_ms > 0 and self._forget_a_stall(self.job.next_unit_kind(), room_ms):
+                if room_ms > 0 and self._forget_a_stall(kind, room_ms):
                     continue
                 break
             result = self._run_unit()
@@ -388,10 +389,6 @@ class Controller:
         self._refusals.pop(kind, None)
         self._forgotten[kind] = self._forgotten.get(kind, 0) + 1
         return True
-
-    def _next_unit_estimate_ms(self) -> float:
-        """What the next unit is admitted at: see _estimate_ms."""
-        return self._estimate_ms(self.job.next_unit_kind())
 
     def _estimate_ms(self, kind: str) -> float:
         """A high quantile of the kind's recent times, at least the longest of them, its first (warm-up) time

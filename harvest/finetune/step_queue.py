@@ -120,6 +120,7 @@ class StepQueue:
             else:
                 denominator = batch["labels"][:, 1:].ne(IGNORE_INDEX).sum() * len(batches)
             self.slices.extend(self._split(batch, torch.as_tensor(denominator, device=self._device)))
+        backward_kinds = ("recompute", "backward") if self._sizer.max_unit_ms is not None else ("backward",)
         for slice_id in range(len(self.slices)):
             self._units.append(Unit("embed", None, slice_id))
             self._units.extend(Unit("forward", i, slice_id) for i in range(self._num_layers))
@@ -132,10 +133,8 @@ class StepQueue:
                     self._units.extend(Unit("head", None, slice_id, span_or_whole, (j, parts)) for j in range(2 * parts))
                 else:
                     self._units.append(Unit("head", None, slice_id, span_or_whole))
-            for i in reversed(range(self._num_layers)):
-                if self._sizer.max_unit_ms is not None:
-                    self._units.append(Unit("recompute", i, slice_id))
-                self._units.append(Unit("backward", i, slice_id))
+            self._units.extend(Unit(kind, i, slice_id) for i in reversed(range(self._num_layers))
+                               for kind in backward_kinds)
         self._units.append(Unit("optimizer", None, len(self.slices) - 1))
 
     def _split(self, batch: dict[str, Any], denominator: torch.Tensor) -> list[RowSlice]:
