@@ -62,6 +62,9 @@ class SplitDecision:
     """Even decode alone on every SM is predicted to miss the target."""
     model_ms: float
     """The profile's uncorrected prediction; observe() learns measured / model_ms."""
+    alone_ms: float = 0.0
+    """Predicted decode latency alone on the whole device (corrected, as predicted_ms): a co-run step's measured
+    latency times alone_ms / predicted_ms is what decode alone would have taken."""
 
 
 class SplitPlanner:
@@ -167,7 +170,7 @@ class SplitPlanner:
         slack = target - predicted
         if not has_ready_work:
             return SplitDecision(self._full_sms, 0, predicted, slack, 0.0, self._full_margin, False,
-                                 predicted > target, model_ms)
+                                 predicted > target, model_ms, predicted)
         rate = self._slice_rate
         if slack > 0.0:
             least_loss = rate * predicted  # the whole device to decode, then a slice
@@ -192,11 +195,12 @@ class SplitPlanner:
         tokens_per_s = rate - least_loss / target
         if best is None:
             return SplitDecision(self._full_sms, 0, predicted, slack, tokens_per_s, self._full_margin,
-                                 slack <= 0.0, predicted > target, model_ms)
+                                 slack <= 0.0, predicted > target, model_ms, predicted)
         _, _, ft_sms, factor, margin, slowdown, _ = best
+        alone = predicted
         predicted = factor * best_solo
         return SplitDecision(best_infer, ft_sms, predicted, target - predicted, tokens_per_s, margin, False, False,
-                             slowdown * best_solo / g)
+                             slowdown * best_solo / g, alone)
 
     def observe(self, decision: SplitDecision, measured_ms: float) -> None:
         """Feed the measured latency of the step `decision` planned into the correction and the margin."""

@@ -89,6 +89,29 @@ def test_temporal_and_spatial_controllers_share_one_interface_and_stats_shape():
     assert spatial.stats()["mode"] == "spatial" and temporal_controller.stats()["mode"] == "temporal"
 
 
+def test_a_worker_that_co_runs_on_most_steps_still_fits_the_decode_cost_line():
+    """The growth bound's line of decode alone against the batch learns from co-run steps too, scaled to decode
+    alone by the planner's prediction: without them, a worker that co-runs on every step never fits it and
+    each step stays capped at 70 % of the target (eval/README.md, "Simulated replay")."""
+    profile = Profile.load(SHIPPED_PATH)
+    clock = SimClock()
+    job = SimulatedJob(clock, UNIT_MS, 1000.0)
+    job.is_ready = True
+    controller = SimulatedSpatialController(job, SplitPlanner(profile, TARGET_MS), SloTracker(TARGET_MS, 100),
+                                            "test", lambda ft_sms: 10.0 * ft_sms, clock)
+    co_ran = 0
+    for i in range(60):
+        batch = 8 + 8 * (i % 4)
+        step = DecodeStep(i, batch, batch * 500, clock())
+        controller.before_step(step)
+        co_ran += controller._decision_co_ran()
+        step.latency_ms = controller.decision.predicted_ms
+        clock.advance_ms(step.latency_ms)
+        controller.after_step(step)
+    assert co_ran > 60 - 20  # too few steps alone to fit the line on (BatchCost needs 20)
+    assert controller.batch_cost.slope_ms is not None
+
+
 def test_with_a_profile_units_are_sized_to_its_shortest_step():
     profile = Profile.load(SHIPPED_PATH)
     config = ServeConfig(admin=AdminConfig(), tpot_slo_ms=TARGET_MS, finetune=FinetuneConfig(yaml_path="job.yaml"))
