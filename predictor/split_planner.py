@@ -62,7 +62,7 @@ class SplitDecision:
     """Even decode alone on every SM is predicted to miss the target."""
     model_ms: float
     """The profile's uncorrected prediction; observe() learns measured / model_ms."""
-    alone_ms: float = 0.0
+    alone_ms: float
     """Predicted decode latency alone on the whole device (corrected, as predicted_ms): a co-run step's measured
     latency times alone_ms / predicted_ms is what decode alone would have taken."""
 
