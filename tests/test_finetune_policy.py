@@ -183,3 +183,15 @@ def test_a_head_whose_fixed_cost_is_over_the_bound_is_split_over_the_vocabulary(
             assert parts == 1 or whole_ms / (2 * (parts - 1)) > bound  # no more chunks than needed
     assert sizer.head_vocab_parts(max(sizes), max_parts=0) == 0  # a head that cannot be split stays whole
     assert sizer.head_vocab_parts(10_000, max_parts=3) <= 3
+
+
+@given(update_ms=st.floats(0.01, 500.0), bound=st.floats(1.0, 100.0), max_parts=st.integers(1, 64))
+def test_an_optimizer_update_is_cut_into_as_few_parts_as_fit_the_bound(update_ms, bound, max_parts):
+    sizer = UnitSizer(max_unit_ms=bound, smoothing=1.0)
+    assert sizer.optimizer_parts(max_parts) == max_parts  # untimed: as fine as allowed
+    sizer.observe_optimizer(update_ms)
+    parts = sizer.optimizer_parts(max_parts)
+    assert 1 <= parts <= max_parts
+    assert parts == max_parts or update_ms / parts <= bound * (1 + 1e-9)
+    assert parts == 1 or update_ms / (parts - 1) > bound  # no more parts than needed
+    assert UnitSizer().optimizer_parts(max_parts) == 1  # no bound: whole

@@ -111,6 +111,58 @@ def test_a_publish_is_its_own_unit_after_the_step_that_reaches_every_n(tmp_path)
     assert job.publisher.stats()["version_requested"] == 1 and not job.has_ready_work()
 
 
+def test_a_publish_asked_for_in_the_middle_of_an_optimizer_update_waits_for_its_last_part(tmp_path):
+    """A bounded job's update is parts over its parameters; between two the adapter is neither step's. A
+    publish asked for there, even while paused, runs the parts left first and then publishes that step."""
+    import torch
+
+    from harvest.colocation import FinetuneJob
+    from harvest.colocation.finetune_job import PUBLISH_UNIT
+    from harvest.finetune import FinetuneConfig
+    from harvest.finetune.publishing import adapter_tensors
+    from harvest.sglang.adapter_publisher import AdapterPublisher
+
+    config = FinetuneConfig(yaml_path=str(write_tiny_job(tmp_path, publish_name=ADAPTER_NAME, max_steps=50)),
+                            max_unit_ms=1e-6)
+    job = FinetuneJob(config)
+    job.start()
+    assert job.wait_built(300) and job.state.value == "running", job.error
+    job.publisher = AdapterPublisher(["http://127.0.0.1:1"], ADAPTER_NAME)  # nothing listens: the load fails
+    published = []
+    job.publisher.publish = lambda tensors, config, step, started: published.append((tensors, step))
+    while job.engine.global_step < 1:
+        job.run_unit()
+    while not job.engine.is_mid_update:
+        assert not job.run_unit().is_step_end
+    job.pause()
+    outcome = []
+
+    def ask():  # the load itself fails (nothing listens): the request ends in that error, after the snapshot
+        try:
+            job.request_publish(2.0)
+        except HarvestError as e:
+            outcome.append(str(e))
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    kinds = []
+    while asker.is_alive():
+        job.poll()
+        if job.has_ready_work():
+            kinds.append(job.run_unit().kind)
+        else:
+            time.sleep(0.005)
+    asker.join()
+    assert len(outcome) == 1 and "not published within" in outcome[0]
+    assert kinds[-1] == PUBLISH_UNIT and set(kinds[:-1]) == {"optimizer"}
+    assert len(published) == 1 and published[0][1] == job.engine.global_step == 2
+    current = adapter_tensors(job.engine.peft_model)
+    assert published[0][0].keys() == current.keys()
+    assert all(torch.equal(published[0][0][k], current[k]) for k in current)
+    job.poll()
+    assert not job.has_ready_work()  # still paused
+
+
 @pytest.fixture(scope="module")
 def publishing_worker(tmp_path_factory):
     work = tmp_path_factory.mktemp("publish")

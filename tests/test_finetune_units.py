@@ -75,9 +75,34 @@ def test_a_tight_unit_budget_splits_micro_batches_without_changing_the_result(jo
     # positions)
     assert heads_per_step[0] == batch_size and all(n > 2 * batch_size for n in heads_per_step[1:-1])
     assert kinds.count("recompute") == kinds.count("backward") > 0  # a bounded layer backward is two units
+    # ... and each optimizer update is a grad_norm unit and one part per layer's worth of parameters
+    num_steps = split.global_step
+    assert kinds.count("grad_norm") == num_steps and kinds.count("optimizer") == NUM_LAYERS * num_steps
     expected = lora_state_dict(reference)
     for key, weight in lora_state_dict(split).items():
         torch.testing.assert_close(weight, expected[key], rtol=1e-5, atol=1e-7)
+
+
+def test_a_checkpoint_in_the_middle_of_an_optimizer_update_finishes_the_update_first(tmp_path):
+    """Between two parts of an update the adapter is neither step's: a stop there (the worker's checkpoint)
+    runs the parts left, so the checkpoint holds the step's whole update, as a run with no stop."""
+    job_path = write_tiny_job(tmp_path, num_layers=NUM_LAYERS, max_steps=3, save_steps=1000)
+    config = FinetuneConfig(max_unit_ms=1e-6)
+    reference = FinetuneEngine.from_yaml(job_path, config=config)
+    reference.run_step()
+    expected = lora_state_dict(reference)
+    engine = FinetuneEngine.from_yaml(job_path, {"output_dir": str(tmp_path / "stopped")}, config=config)
+    while not engine.is_mid_update:
+        assert not engine.run_next_unit().is_step_end
+    assert engine.global_step == 0
+    checkpoint = engine.save_checkpoint()
+    assert checkpoint.name == "checkpoint-1" and engine.global_step == 1 and not engine.is_mid_update
+    resumed = FinetuneEngine.from_yaml(job_path, {"output_dir": str(tmp_path / "stopped")},
+                                       config=FinetuneConfig(resume=True))
+    assert resumed.global_step == 1
+    for weights in (lora_state_dict(engine), lora_state_dict(resumed)):
+        assert weights.keys() == expected.keys()
+        assert all(torch.equal(weights[k], expected[k]) for k in expected)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -90,14 +115,16 @@ def test_a_layer_evicted_between_its_recompute_and_backward_units_is_recomputed_
     reference.run_step()
     engine = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(device=device, max_unit_ms=1e3))
     side = torch.cuda.Stream() if device == "cuda" else None
-    kinds = []
-    while not kinds or kinds[-1] != "optimizer":
+    kinds, is_step_end = [], False
+    while not is_step_end:
         if kinds[-1:] == ["recompute"] and "backward" not in kinds:
             engine.set_window(0)
             engine.set_window(NUM_LAYERS)
         on_side = side is not None and engine.next_unit_kind() == "recompute"
         with torch.cuda.stream(side) if on_side else contextlib.nullcontext():
-            kinds.append(engine.run_next_unit().kind)
+            result = engine.run_next_unit()
+        kinds.append(result.kind)
+        is_step_end = result.is_step_end
     assert kinds.count("recompute") == kinds.count("backward") > NUM_LAYERS
     assert engine.stats()["recomputed_again"] == 1
     expected = lora_state_dict(reference)

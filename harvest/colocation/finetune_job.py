@@ -119,17 +119,21 @@ class FinetuneJob:
         if self._stop_requested.is_set():
             self._stop()
             return
-        if self._publish_requested.is_set() and self._phase in ACTIVE_PHASES:
+        if self._publish_requested.is_set() and self._phase in ACTIVE_PHASES and not self.engine.is_mid_update:
             self._publish_requested.clear()
             self._is_publish_due = True
         self._refresh_readiness()
 
     def has_ready_work(self) -> bool:
         """Whether a unit may run now, as of the last poll() or unit; changes nothing. A due publish runs
-        even while paused: a paused job still publishes on request."""
+        even while paused: a paused job still publishes on request, after the rest of an optimizer update it
+        was paused in (a part-applied update is neither step's adapter)."""
         if self._phase not in ACTIVE_PHASES:
             return False
-        return self._is_publish_due or (self._is_ready and not self._is_paused)
+        if self._is_publish_due:
+            return True
+        is_publish_waiting = self._publish_requested.is_set() and self.engine.is_mid_update
+        return self._is_ready and (not self._is_paused or is_publish_waiting)
 
     def _refresh_readiness(self) -> None:
         if self._phase not in ACTIVE_PHASES:
@@ -278,7 +282,9 @@ class FinetuneJob:
         if self._phase not in ENDED_PHASES:
             try:
                 if self.engine is not None:
-                    path = self.engine.save_checkpoint()
+                    # close(): a part-applied optimizer update is finished first; if that was the last step,
+                    # the adapter is written too.
+                    path = self.engine.close()
                     logger.info("harvest: finetune checkpoint written to %s", path)
                 self._phase = FinetuneState.STOPPED
             except Exception as e:  # noqa: BLE001

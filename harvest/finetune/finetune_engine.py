@@ -21,6 +21,7 @@ from harvest.finetune.decoder_units import DecoderUnits, global_rng_state
 from harvest.finetune.finetune_config import FinetuneConfig
 from harvest.finetune.layer_swapper import LayerSwapper
 from harvest.finetune.llamafactory_args import LlamaFactoryArgs
+from harvest.finetune.optimizer_parts import OptimizerParts
 from harvest.finetune.served_layers import ServedLayers
 from harvest.finetune.step_log import StepLog
 from harvest.finetune.step_queue import StepQueue, Unit
@@ -29,8 +30,9 @@ from harvest.finetune.unit_sizer import UnitSizer
 from harvest.finetune.weight_memory import WeightMemory
 from harvest.finetune.window_policy import WindowPolicy
 
-UNIT_KINDS = ("embed", "forward", "head", "recompute", "backward", "optimizer", "checkpoint")
-""""checkpoint": an optimizer step whose step end writes a checkpoint, timed as its own kind (with the write)."""
+UNIT_KINDS = ("embed", "forward", "head", "recompute", "backward", "grad_norm", "optimizer", "checkpoint")
+""""grad_norm" and "optimizer": the optimizer update, whole or in parts (OptimizerParts); "checkpoint": an update's
+last unit whose step end writes a checkpoint, timed as its own kind (with the write)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,7 @@ class UnitResult:
     slice_id: int
     duration_ms: float
     num_tokens: int
-    """Non-padding tokens the unit processed (0 for the optimizer step)."""
+    """Non-padding tokens the unit processed (0 for the optimizer update's units)."""
     step: int
     """Optimizer steps completed after this unit."""
     is_step_end: bool
@@ -80,10 +82,11 @@ class FinetuneEngine:
         if config.num_window_layers is not None and not self.is_shared:
             self._num_window_layers = min(config.num_window_layers, self.units.num_layers)
         self._sizer = UnitSizer(config.max_unit_ms, config.max_slice_rows)
-        self._queue = StepQueue(self.setup, self._sizer, self.device, self.units.num_layers,
+        self._queue = StepQueue(self.setup, self._sizer, self.device, self.units.num_layers, self._optimizer,
                                 self.units.max_head_vocab_parts)
         self._step_loss = torch.zeros((), device=self.device)
         self._step_ms = 0.0
+        self._update_ms = 0.0
         self._step_tokens = 0
         self._recomputed_residency: int | None = None
         self.num_recomputed_again = 0
@@ -137,9 +140,16 @@ class FinetuneEngine:
         unit = self._queue.peek()
         if unit is None:
             return "embed"
-        if unit.kind == "optimizer" and self._is_save_step(self.global_step + 1):
+        if unit.is_step_end and self._is_save_step(self.global_step + 1):
             return "checkpoint"
         return unit.kind
+
+    @property
+    def is_mid_update(self) -> bool:
+        """Part of the optimizer update is applied and part is not: the adapter is neither the last step's nor
+        the next one's, so it may not be checkpointed or published until the update's last part has run."""
+        unit = self._queue.peek()
+        return unit is not None and unit.param_part is not None and unit.param_part[0] > 0
 
     def run_next_unit(self) -> UnitResult:
         if self.is_finished:
@@ -163,7 +173,12 @@ class FinetuneEngine:
         whole_ms = duration_ms if unit.vocab_part is None else duration_ms * 2 * unit.vocab_part[1]
         self._sizer.observe(unit.kind, num_tokens, whole_ms)
         self._step_ms += duration_ms
-        is_step_end = unit.kind == "optimizer"
+        is_step_end = unit.is_step_end
+        if unit.param_part is not None:
+            self._update_ms += duration_ms
+            if is_step_end:
+                self._sizer.observe_optimizer(self._update_ms)
+                self._update_ms = 0.0
         kind = unit.kind
         if is_step_end and self._finish_step():
             # The write is part of what the slice waits for: timed, under its own kind.
@@ -209,9 +224,15 @@ class FinetuneEngine:
                 row_slice.recomputed = None
                 self.num_recomputed_again += 1
             self.units.backward(row_slice, unit.layer_id)
+        elif unit.kind == "grad_norm":
+            self._optimizer.take_grad_norm()
+        elif unit.param_part is None:
+            self._end_update(self._optimizer.step())
         else:
-            self._optimizer_step()
-        if unit.kind != "optimizer":
+            grad_norm = self._optimizer.step_part(*unit.param_part)
+            if unit.is_step_end:
+                self._end_update(grad_norm)
+        if unit.kind not in ("grad_norm", "optimizer"):
             self._apply_window()
         return unit
 
@@ -274,7 +295,10 @@ class FinetuneEngine:
         return held + self._swapper.host_bytes()
 
     def save_checkpoint(self) -> Path:
-        """Checkpoint the state as of the last completed step (a step in progress is redone on resume)."""
+        """Checkpoint the state as of the last completed step (a step in progress is redone on resume; one whose
+        optimizer update is part-applied is finished first, the few parts left: its weights are neither step's)."""
+        while self.is_mid_update:
+            self.run_next_unit()
         train_state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.lr_scheduler.state_dict(),
@@ -324,9 +348,9 @@ class FinetuneEngine:
         self.peft_model = setup.peft_model
         self.tokenizer = setup.tokenizer
         self.optimizer = setup.optimizer
+        self._optimizer = OptimizerParts(setup.optimizer, setup.max_grad_norm)
         self.lr_scheduler = setup.lr_scheduler
         self.max_steps = setup.max_steps
-        self._trainable = [p for p in setup.peft_model.parameters() if p.requires_grad]
         # On a GPU the job's dropout draws from its own generator, never the device's global one decode samples
         # with. On a CPU it is the global CPU generator, swapped per unit with the data loader's draws (one
         # stream, as in LlamaFactory; decode runs in this same thread there).
@@ -343,11 +367,8 @@ class FinetuneEngine:
 
     # ---- the step ----
 
-    def _optimizer_step(self) -> None:
-        grad_norm = None
-        if self.setup.max_grad_norm and self.setup.max_grad_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self._trainable, self.setup.max_grad_norm))
-        self.optimizer.step()
+    def _end_update(self, grad_norm: float | None) -> None:
+        """After the optimizer update's last unit: the scheduler's step, and the step is counted."""
         self._log.last["lr"] = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -4,7 +4,8 @@ A step takes the next gradient-accumulation window of micro-batches from the Tra
 each into row slices (UnitSizer: so one unit stays under its time bound) and queues, per row slice,
 embed -> forward per layer -> head (one unit, or one per span of positions, each split over vocabulary chunks
 where one span's head alone is over the bound) -> backward per layer (reversed; where units have a time
-bound, each is a recompute unit and a backward unit), then one optimizer unit.
+bound, each is a recompute unit and a backward unit), then the optimizer update: one unit, or where units have
+a time bound and the optimizer allows it, a grad_norm unit and the update's parts (OptimizerParts).
 """
 
 from collections import deque
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from harvest.finetune.decoder_units import RowSlice
+from harvest.finetune.optimizer_parts import OptimizerParts
 from harvest.finetune.training_setup import TrainingSetup
 from harvest.finetune.unit_sizer import UnitSizer
 
@@ -29,12 +31,20 @@ class Unit:
     """A head unit's sequence positions [start, end); None: the whole sequence."""
     vocab_part: tuple[int, int] | None = None
     """(j, K): unit j of 2K of a head split over K vocabulary chunks (DecoderUnits.head_part); None: whole."""
+    param_part: tuple[int, int] | None = None
+    """(j, P): an optimizer unit that is part j of an update cut into P (OptimizerParts); None: the whole."""
+
+    @property
+    def is_step_end(self) -> bool:
+        """The optimizer update's last unit: the step is done after it."""
+        return self.kind == "optimizer" and (self.param_part is None or self.param_part[0] == self.param_part[1] - 1)
 
 
 class StepQueue:
     def __init__(self, setup: TrainingSetup, sizer: UnitSizer, device: torch.device, num_layers: int,
-                 max_head_vocab_parts: int = 0):
+                 optimizer: OptimizerParts, max_head_vocab_parts: int = 0):
         self._setup, self._sizer, self._device, self._num_layers = setup, sizer, device, num_layers
+        self._optimizer = optimizer
         self._max_head_vocab_parts = max_head_vocab_parts
         self._units: deque[Unit] = deque()
         self.slices: list[RowSlice] = []
@@ -62,8 +72,8 @@ class StepQueue:
         return sum(row_slice.num_tokens for row_slice in self.slices)
 
     def num_unit_tokens(self, unit: Unit) -> int:
-        """Non-padding tokens the unit processes (0 for the optimizer step)."""
-        if unit.kind == "optimizer":
+        """Non-padding tokens the unit processes (0 for the optimizer update's units)."""
+        if unit.kind in ("grad_norm", "optimizer"):
             return 0
         row_slice = self.slices[unit.slice_id]
         if unit.span is None:
@@ -135,7 +145,17 @@ class StepQueue:
                     self._units.append(Unit("head", None, slice_id, span_or_whole))
             self._units.extend(Unit(kind, i, slice_id) for i in reversed(range(self._num_layers))
                                for kind in backward_kinds)
-        self._units.append(Unit("optimizer", None, len(self.slices) - 1))
+        self._queue_update(len(self.slices) - 1)
+
+    def _queue_update(self, slice_id: int) -> None:
+        if self._sizer.max_unit_ms is None or not self._optimizer.is_splittable:
+            self._units.append(Unit("optimizer", None, slice_id))
+            return
+        if self._optimizer.is_clipping:
+            self._units.append(Unit("grad_norm", None, slice_id))
+        # Untimed, the first update is cut as finely as one part per layer's worth of parameters.
+        num_parts = self._sizer.optimizer_parts(min(self._optimizer.num_tensors, self._num_layers))
+        self._units.extend(Unit("optimizer", None, slice_id, param_part=(j, num_parts)) for j in range(num_parts))
 
     def _split(self, batch: dict[str, Any], denominator: torch.Tensor) -> list[RowSlice]:
         inputs = {k: v for k, v in batch.items() if torch.is_tensor(v)}

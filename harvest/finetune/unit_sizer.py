@@ -4,7 +4,8 @@ Torch-free. A unit of a kind costs a fixed part (per layer: the module calls and
 the vocabulary projection's weight read and its gradient's product, once per unit whatever its span) plus a
 part per token, fitted per kind as a line through its recent units' distinct sizes. Rows are cut so the
 slowest kind but the head fits the bound; the head is cut along the sequence instead, and a span whose head
-is still over the bound along the vocabulary (head_vocab_parts: its fixed cost is split too). A unit carries at
+is still over the bound along the vocabulary (head_vocab_parts: its fixed cost is split too). The optimizer
+update is cut over its parameters (optimizer_parts), at its whole update's measured time. A unit carries at
 least as much per-token work as its fixed cost: where the bound leaves less room, it runs up to twice its
 fixed cost rather than spend most of its time on it (cut on per-token cost alone, the demo job's head went to
 spans of ~2 tokens at an 18.6 ms bound and the job trained at a third of its uncut rate: eval/README.md).
@@ -30,6 +31,8 @@ class UnitSizer:
     """Weight of the newest sample in a size's moving average of its ms."""
     _ms: dict[str, dict[int, float]] = field(default_factory=dict)
     """kind -> tokens -> moving average of its units' ms, the SIZES_PER_KIND most recently seen sizes."""
+    _optimizer_ms: float | None = None
+    """Moving average of a whole optimizer update's ms (its parts summed)."""
 
     def __post_init__(self) -> None:
         if self.max_unit_ms is not None and self.max_unit_ms <= 0:
@@ -47,6 +50,24 @@ class UnitSizer:
         sizes[num_tokens] = duration_ms if previous is None else previous + self.smoothing * (duration_ms - previous)
         if len(sizes) > SIZES_PER_KIND:
             del sizes[next(iter(sizes))]
+
+    def observe_optimizer(self, duration_ms: float) -> None:
+        """A whole optimizer update's ms: its parts summed, its grad_norm unit not (that one is not cut)."""
+        if duration_ms <= 0:
+            return
+        previous = self._optimizer_ms
+        self._optimizer_ms = duration_ms if previous is None else previous + self.smoothing * (duration_ms - previous)
+
+    def optimizer_parts(self, max_parts: int) -> int:
+        """P in [1, max_parts]: the parts an optimizer update is cut into so one stays under `max_unit_ms` at
+        the update's measured time (each part's own fixed cost is in that time, so P errs high and settles);
+        max_parts before an update is timed (the first one also builds the optimizer's state); 1 without a
+        bound."""
+        if self.max_unit_ms is None or max_parts <= 1:
+            return 1
+        if self._optimizer_ms is None:
+            return max_parts
+        return max(1, min(max_parts, math.ceil(self._optimizer_ms / self.max_unit_ms)))
 
     def cost(self, kind: str) -> tuple[float, float] | None:
         """(fixed ms, ms per token) of a unit of `kind`: a robust line through its recent sizes' times (the
