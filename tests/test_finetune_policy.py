@@ -195,3 +195,20 @@ def test_an_optimizer_update_is_cut_into_as_few_parts_as_fit_the_bound(update_ms
     assert parts == max_parts or update_ms / parts <= bound * (1 + 1e-9)
     assert parts == 1 or update_ms / (parts - 1) > bound  # no more parts than needed
     assert UnitSizer().optimizer_parts(max_parts) == 1  # no bound: whole
+
+
+@pytest.mark.parametrize("logits_share", [0.5, 0.6, 0.75])
+def test_a_split_heads_vocabulary_chunks_fit_the_bound_at_its_heavier_pass(logits_share):
+    """A split head is timed whole (its 2K units summed) with the share of its heavier pass: K is cut so
+    that pass's units (K of them) fit the bound, not the mean unit (the logits pass ran ~1.5x the gradient's)."""
+    bound = 18.6
+    sizer = UnitSizer(max_unit_ms=bound, smoothing=1.0)
+    for tokens in (8, 16, 24, 32):
+        whole_ms = 40.0 + 0.5 * tokens
+        sizer.observe_split_head(tokens, logits_share * whole_ms, (1 - logits_share) * whole_ms)
+    assert sizer.cost("head") == pytest.approx((40.0, 0.5))
+    for tokens in (8, 30, 100, 400):
+        heavy_ms = logits_share * (40.0 + 0.5 * tokens)
+        parts = sizer.head_vocab_parts(tokens, max_parts=48)
+        assert heavy_ms / parts <= bound * (1 + 1e-9)
+        assert parts == 1 or heavy_ms / (parts - 1) > bound  # no more chunks than needed

@@ -87,6 +87,7 @@ class FinetuneEngine:
         self._step_loss = torch.zeros((), device=self.device)
         self._step_ms = 0.0
         self._update_ms = 0.0
+        self._head_pass_ms = [0.0, 0.0]
         self._step_tokens = 0
         self._recomputed_residency: int | None = None
         self.num_recomputed_again = 0
@@ -169,9 +170,16 @@ class FinetuneEngine:
             torch.cuda.current_stream(self.device).synchronize()
         duration_ms = (time.perf_counter() - started) * 1e3
         num_tokens = self._queue.num_unit_tokens(unit)
-        # A head unit over 1/K of the vocabulary, in one of two passes, is timed as a whole head for the sizer.
-        whole_ms = duration_ms if unit.vocab_part is None else duration_ms * 2 * unit.vocab_part[1]
-        self._sizer.observe(unit.kind, num_tokens, whole_ms)
+        if unit.vocab_part is None:
+            self._sizer.observe(unit.kind, num_tokens, duration_ms)
+        else:
+            # A head over K vocabulary chunks is timed whole, its 2K units summed, once its last one has run,
+            # with the share of its heavier pass (logits or gradient), which is what K is cut by.
+            j, num_parts = unit.vocab_part
+            self._head_pass_ms[j // num_parts] += duration_ms
+            if j == 2 * num_parts - 1:
+                self._sizer.observe_split_head(num_tokens, *self._head_pass_ms)
+                self._head_pass_ms = [0.0, 0.0]
         self._step_ms += duration_ms
         is_step_end = unit.is_step_end
         if unit.param_part is not None:

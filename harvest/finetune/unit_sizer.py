@@ -31,6 +31,8 @@ class UnitSizer:
     """Weight of the newest sample in a size's moving average of its ms."""
     _ms: dict[str, dict[int, float]] = field(default_factory=dict)
     """kind -> tokens -> moving average of its units' ms, the SIZES_PER_KIND most recently seen sizes."""
+    _head_heavy_share: float = 0.5
+    """Moving average of a split head's heavier pass (logits or gradient) as a share of its whole time."""
     _optimizer_ms: float | None = None
     """Moving average of a whole optimizer update's ms (its parts summed)."""
 
@@ -50,6 +52,15 @@ class UnitSizer:
         sizes[num_tokens] = duration_ms if previous is None else previous + self.smoothing * (duration_ms - previous)
         if len(sizes) > SIZES_PER_KIND:
             del sizes[next(iter(sizes))]
+
+    def observe_split_head(self, num_tokens: int, logits_ms: float, gradient_ms: float) -> None:
+        """A head cut over vocabulary chunks, its two passes' units summed: the head's time at num_tokens, and
+        the share its heavier pass took (the logits pass ran ~1.5x the gradient pass on the demo job)."""
+        whole_ms = logits_ms + gradient_ms
+        self.observe("head", num_tokens, whole_ms)
+        if whole_ms > 0:
+            share = max(logits_ms, gradient_ms) / whole_ms
+            self._head_heavy_share += self.smoothing * (share - self._head_heavy_share)
 
     def observe_optimizer(self, duration_ms: float) -> None:
         """A whole optimizer update's ms: its parts summed, its grad_norm unit not (that one is not cut)."""
@@ -108,13 +119,16 @@ class UnitSizer:
     def head_vocab_parts(self, num_tokens: int, max_parts: int) -> int:
         """K <= max_parts: the vocabulary chunks a head unit over `num_tokens` tokens is split into, in 2K
         units (K for the logits, K for the gradient), so one stays under `max_unit_ms` at the head's measured
-        cost; 0: one whole unit (it fits, nothing is timed yet, or max_parts is 0). The head's fixed cost, its
-        weight read, is what a span of one position cannot cut; each of K chunks reads 1/K of it."""
+        cost and its heavier pass's share of it (a half until a split head is timed); 0: one whole unit (it
+        fits, nothing is timed yet, or max_parts is 0). The head's fixed cost, its weight read, is what a span
+        of one position cannot cut; each of K chunks reads 1/K of it."""
         if self.max_unit_ms is None or not self._ms.get("head") or max_parts < 1:
             return 0
         fixed, per_token = self.cost("head")
         whole_ms = fixed + per_token * num_tokens
-        return 0 if whole_ms <= self.max_unit_ms else min(max_parts, math.ceil(whole_ms / (2 * self.max_unit_ms)))
+        if whole_ms <= self.max_unit_ms:
+            return 0
+        return min(max_parts, math.ceil(whole_ms * self._head_heavy_share / self.max_unit_ms))
 
     def head_spans(self, num_rows: int, seq_len: int) -> list[tuple[int, int]]:
         """Sequence positions [start, end) of each head unit of a row slice: as few equal spans as keep one
