@@ -107,6 +107,7 @@ def test_head_spans_tile_the_sequence_and_fit_the_budget(num_rows, seq_len, max_
     sizer = UnitSizer(max_unit_ms=max_unit_ms, smoothing=1.0)
     assert sizer.head_spans(num_rows, seq_len) == [(0, seq_len)]  # nothing measured: one head unit
     sizer.observe("head", 100, ms_per_token * 100)
+    sizer.observe("head", 200, ms_per_token * 200)  # a line: one size alone is taken as the head's fixed cost
     spans = sizer.head_spans(num_rows, seq_len)
     assert spans[0][0] == 0 and spans[-1][1] == seq_len
     assert all(end > start for start, end in spans) and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
@@ -118,6 +119,7 @@ def test_rows_are_sized_by_the_slowest_kind_but_the_head():
     sizer = UnitSizer(max_unit_ms=10.0, smoothing=1.0)
     sizer.observe("backward", 100, 5.0)
     sizer.observe("head", 100, 50.0)
+    sizer.observe("head", 200, 100.0)
     assert sizer.rows_per_slice(64, 10) == 20  # the head, 10x slower, is cut along the sequence instead
     assert len(sizer.head_spans(20, 10)) == 10
 
@@ -212,3 +214,20 @@ def test_a_split_heads_vocabulary_chunks_fit_the_bound_at_its_heavier_pass(logit
         parts = sizer.head_vocab_parts(tokens, max_parts=48)
         assert heavy_ms / parts <= bound * (1 + 1e-9)
         assert parts == 1 or heavy_ms / (parts - 1) > bound  # no more chunks than needed
+
+
+@pytest.mark.parametrize("sizes", [[44], [2, 6, 7, 20, 24]])
+def test_a_head_whose_time_does_not_grow_with_its_span_is_cut_over_the_vocabulary_not_the_sequence(sizes):
+    """One size timed, or times that do not grow with size (a head is mostly its weight read on a CPU): the
+    head is taken as all fixed cost, so its span stays whole and the vocabulary is chunked; taken as all per
+    token, it was cut to spans of 2 tokens that each still ran ~40 ms against an 18.6 ms bound."""
+    bound = 18.6
+    sizer = UnitSizer(max_unit_ms=bound, smoothing=1.0)
+    for n, tokens in enumerate(sizes):
+        sizer.observe("head", tokens, 40.0 - 0.1 * n)  # no growth with size
+    fixed, per_token = sizer.cost("head")
+    assert per_token == 0 and fixed == pytest.approx(40.0, abs=0.5)
+    assert sizer.head_spans(1, 96) == [(0, 96)]
+    assert sizer.head_vocab_parts(96, max_parts=48) == 2  # a pass, half of 40 ms, in chunks under 18.6 ms
+    sizer.observe("forward", 10, 20.0)  # a layer kind keeps the per-token fallback: rows are cut
+    assert sizer.cost("forward") == (0.0, 2.0) and sizer.rows_per_slice(4, 10) == 1

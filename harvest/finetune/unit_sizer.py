@@ -83,20 +83,27 @@ class UnitSizer:
     def cost(self, kind: str) -> tuple[float, float] | None:
         """(fixed ms, ms per token) of a unit of `kind`: a robust line through its recent sizes' times (the
         median of pairwise slopes, Theil-Sen: one stalled unit, like a first one that loaded data, does not
-        tilt it), the fixed part at least 0. With one size timed, or no growth with size, all of it per token
-        (the median ratio), which cuts shorter than the line, so other sizes get timed. None: nothing timed."""
+        tilt it), the fixed part at least 0. With one size timed, or no growth with size: for a layer kind all
+        of it per token (the median ratio), which cuts shorter than the line, so other sizes get timed; for the
+        head all of it fixed (the median time), its weight read, which no shorter span cuts but vocabulary
+        chunks do (cut per token instead, its spans went to 2 tokens at 40 ms each, twice an 18.6 ms bound:
+        eval/README.md). None: nothing timed."""
         sizes = self._ms.get(kind)
         if not sizes:
             return None
         points = list(sizes.items())
         slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:]]
         slope = statistics.median(slopes) if slopes else 0.0
+        if slope <= 0 and kind == "head":
+            return statistics.median(y for _, y in points), 0.0
         if slope <= 0:
             return 0.0, statistics.median(y / x for x, y in points)
         return max(0.0, statistics.median(y - slope * x for x, y in points)), slope
 
     def _tokens_within_bound(self, kind: str) -> float:
         fixed, per_token = self.cost(kind)
+        if per_token == 0:
+            return math.inf
         return max(self.max_unit_ms - fixed, fixed) / per_token
 
     def rows_per_slice(self, num_rows: int, tokens_per_row: int) -> int:
@@ -137,6 +144,7 @@ class UnitSizer:
         span's share."""
         length = seq_len
         if self.max_unit_ms is not None and self._ms.get("head"):
-            length = max(1, min(seq_len, math.floor(self._tokens_within_bound("head") / num_rows)))
+            tokens = self._tokens_within_bound("head")
+            length = seq_len if math.isinf(tokens) else max(1, min(seq_len, math.floor(tokens / num_rows)))
         length = math.ceil(seq_len / math.ceil(seq_len / length))  # equal spans, none longer
         return [(start, min(start + length, seq_len)) for start in range(0, seq_len, length)]
