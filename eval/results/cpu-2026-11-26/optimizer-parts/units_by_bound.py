@@ -1,5 +1,5 @@
 """The demo job on both cores (torch 2 threads), units cut to a bound: tokens/s over N optimizer steps after 2
-warm-up steps, per unit kind (count, mean ms, max ms), and the optimizer update per step (its grad_norm,
+warm-up steps, per unit kind (count, mean ms, max ms, how many ran over the bound), and the optimizer update per step (its grad_norm,
 optimizer and checkpoint units summed: mean, max ms). Run from a checkout's root (PYTHONPATH=. for another
 checkout than the installed one):
     python eval/results/cpu-2026-11-26/optimizer-parts/units_by_bound.py 18.6 8     # bound (or none), N
@@ -21,6 +21,7 @@ e = FinetuneEngine.from_yaml(yaml_path, config=FinetuneConfig(yaml_path=yaml_pat
 for _ in range(2):
     e.run_step()
 count, total, longest, tokens = collections.Counter(), collections.Counter(), collections.Counter(), 0
+over = collections.Counter()
 t0 = time.perf_counter()
 num_steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 update_ms = []
@@ -31,6 +32,7 @@ for _ in range(num_steps):
         count[r.kind] += 1
         total[r.kind] += r.duration_ms
         longest[r.kind] = max(longest[r.kind], r.duration_ms)
+        over[r.kind] += bound is not None and r.duration_ms > bound
         tokens += r.num_trained_tokens
         if r.kind in ("grad_norm", "optimizer", "checkpoint"):
             update_ms[-1] += r.duration_ms
@@ -41,4 +43,5 @@ print(json.dumps({"bound_ms": bound, "tokens_per_s": round(tokens / elapsed, 1),
                   "steps": num_steps,
                   "update_ms": {"mean": round(sum(update_ms) / num_steps, 1), "max": round(max(update_ms), 1)},
                   "units": {k: {"n": count[k], "mean_ms": round(total[k] / count[k], 1),
-                                "max_ms": round(longest[k], 1)} for k in count}}))
+                                "max_ms": round(longest[k], 1), "over": over[k]} for k in count},
+                  "over_bound": f"{sum(over.values())} of {sum(count.values())}"}))
