@@ -55,7 +55,7 @@ class UnitSizer:
 
     def observe_split_head(self, num_tokens: int, logits_ms: float, gradient_ms: float) -> None:
         """A head cut over vocabulary chunks, its two passes' units summed: the head's time at num_tokens, and
-        the share its heavier pass took (the logits pass ran ~1.5x the gradient pass on the demo job)."""
+        the share its heavier pass took (the passes differ: eval/README.md, "Temporal slice")."""
         whole_ms = logits_ms + gradient_ms
         self.observe("head", num_tokens, whole_ms)
         if whole_ms > 0:
@@ -86,7 +86,7 @@ class UnitSizer:
         tilt it), the fixed part at least 0. With one size timed, or no growth with size: for a layer kind all
         of it per token (the median ratio), which cuts shorter than the line, so other sizes get timed; for the
         head all of it fixed (the median time), its weight read, which no shorter span cuts but vocabulary
-        chunks do (cut per token instead, its spans went to 2 tokens at 40 ms each, twice an 18.6 ms bound:
+        chunks do (cut per token instead, it went to spans of a few tokens that each still ran over the bound:
         eval/README.md). None: nothing timed."""
         sizes = self._ms.get(kind)
         if not sizes:
