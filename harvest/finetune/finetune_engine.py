@@ -24,7 +24,7 @@ from harvest.finetune.llamafactory_args import LlamaFactoryArgs
 from harvest.finetune.optimizer_parts import OptimizerParts
 from harvest.finetune.served_layers import ServedLayers
 from harvest.finetune.step_log import StepLog
-from harvest.finetune.step_queue import StepQueue, Unit
+from harvest.finetune.step_queue import UPDATE_KINDS, StepQueue, Unit
 from harvest.finetune.training_setup import TrainingSetup
 from harvest.finetune.unit_sizer import UnitSizer
 from harvest.finetune.weight_memory import WeightMemory
@@ -240,7 +240,7 @@ class FinetuneEngine:
             grad_norm = self._optimizer.step_part(*unit.param_part)
             if unit.is_step_end:
                 self._end_update(grad_norm)
-        if unit.kind not in ("grad_norm", "optimizer"):
+        if unit.kind not in UPDATE_KINDS:
             self._apply_window()
         return unit
 

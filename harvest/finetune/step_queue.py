@@ -20,6 +20,8 @@ from harvest.finetune.training_setup import TrainingSetup
 from harvest.finetune.unit_sizer import UnitSizer
 
 IGNORE_INDEX = -100
+UPDATE_KINDS = ("grad_norm", "optimizer")
+"""The optimizer update's unit kinds: no tokens, no layer, no window change."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +75,7 @@ class StepQueue:
 
     def num_unit_tokens(self, unit: Unit) -> int:
         """Non-padding tokens the unit processes (0 for the optimizer update's units)."""
-        if unit.kind in ("grad_norm", "optimizer"):
+        if unit.kind in UPDATE_KINDS:
             return 0
         row_slice = self.slices[unit.slice_id]
         if unit.span is None:
