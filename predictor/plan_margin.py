@@ -28,15 +28,6 @@ class _Spread:
         self._sum = 0.0
         self._sum_sq = 0.0
 
-    def add(self, x: float) -> None:
-        if len(self._window) == WINDOW:
-            old = self._window[0]
-            self._sum -= old
-            self._sum_sq -= old * old
-        self._window.append(x)
-        self._sum += x
-        self._sum_sq += x * x
-
     def __len__(self) -> int:
         return len(self._window)
 
@@ -61,11 +52,21 @@ class PlanMargin:
         if self.fixed is not None:
             return
         x = math.log(measured_ms / predicted_ms)
-        self._device.add(x)
+        xx = x * x
         spread = self._partitions.get(partition)
         if spread is None:
             spread = self._partitions[partition] = _Spread()
-        spread.add(x)
+        # Both windows move by x in and their oldest out; in line, as this runs on every decode step.
+        for moved in (self._device, spread):
+            window = moved._window
+            if len(window) == WINDOW:
+                old = window[0]
+                moved._sum += x - old
+                moved._sum_sq += xx - old * old
+            else:
+                moved._sum += x
+                moved._sum_sq += xx
+            window.append(x)
 
     def device(self) -> float:
         if self.fixed is not None:

@@ -58,21 +58,18 @@ class PredictionStats:
 
 
 class ResidualTracker:
-    __slots__ = ("alpha", "fade", "level", "num_observed", "_partitions", "_sum_ape", "_sum_bias", "_last")
+    __slots__ = ("_last", "_partitions", "_sum_bias", "alpha", "fade", "global_correction", "level", "num_observed")
 
     def __init__(self, alpha: float, fade: float = 1.0) -> None:
         self.alpha = alpha
         self.fade = fade
         self.level = 0.0
+        self.global_correction = 1.0
+        """exp(level), kept beside it: the planner reads it every step."""
         self.num_observed = 0
         self._partitions: dict[Partition, PartitionResidual] = {}
-        self._sum_ape = 0.0
         self._sum_bias = 0.0
         self._last: tuple[float, float] | None = None
-
-    @property
-    def global_correction(self) -> float:
-        return math.exp(self.level)
 
     def relative_correction(self, partition: Partition) -> float:
         """This partition's correction divided by the device-wide one (1 until it is measured)."""
@@ -97,30 +94,36 @@ class ResidualTracker:
         residual = self._partitions.get(partition)
         return math.exp(self.level + (0.0 if residual is None else residual.offset))
 
-    def update(self, partition: Partition, model_ms: float, predicted_ms: float, measured_ms: float) -> None:
+    def update(self, partition: Partition, model_ms: float, predicted_ms: float, measured_ms: float) -> PartitionResidual:
+        """Fold one measured step in; returns the partition's residual. Runs once per decode step, so it is
+        written for the interpreter (locals, no builtin calls where a comparison does)."""
         log_ratio = math.log(measured_ms / model_ms)
         residual = self._partitions.get(partition)
         if residual is None:
             residual = self._partitions[partition] = PartitionResidual()
-        self.num_observed += 1
-        self.level += max(self.alpha, 1.0 / self.num_observed) * (log_ratio - self.level)
-        residual.num_observed += 1
-        residual.last_observed = self.num_observed
-        step = max(self.alpha, 1.0 / (residual.num_observed + 1))
-        residual.offset += step * (log_ratio - self.level - residual.offset)
-        ape = abs(predicted_ms - measured_ms) / measured_ms * 100.0
+        alpha = self.alpha
+        n = self.num_observed = self.num_observed + 1
+        step = 1.0 / n
+        level = self.level = self.level + (alpha if alpha > step else step) * (log_ratio - self.level)  # noqa: FURB136
+        self.global_correction = math.exp(level)
+        m = residual.num_observed = residual.num_observed + 1
+        residual.last_observed = n
+        step = 1.0 / (m + 1)
+        residual.offset += (alpha if alpha > step else step) * (log_ratio - level - residual.offset)  # noqa: FURB136
+        error = measured_ms - predicted_ms
+        ape = (error if error >= 0.0 else -error) / measured_ms * 100.0
         residual.sum_predicted_ms += predicted_ms
         residual.sum_measured_ms += measured_ms
         residual.sum_ape += ape
-        self._sum_ape += ape
-        self._sum_bias += (measured_ms - predicted_ms) / predicted_ms * 100.0
+        self._sum_bias += error / predicted_ms * 100.0
         self._last = (predicted_ms, measured_ms)
+        return residual
 
     def stats(self) -> PredictionStats:
         n = self.num_observed
         return PredictionStats(
             n,
-            self._sum_ape / n if n else None,
+            sum(r.sum_ape for r in self._partitions.values()) / n if n else None,
             self._sum_bias / n if n else None,
             self._last[0] if self._last else None,
             self._last[1] if self._last else None,

@@ -40,6 +40,7 @@ PRUNE_SLACK = 1.1
 OFFSET_FADE = 0.99
 """Per step, how much of a partition's slow offset its value keeps while it is not used (~100 steps of memory,
 as the controller's decode cost fit): a partition slow steps priced out is tried again at the next refresh."""
+_REBUILD_PHASE = 1 % REBUILD_EVERY  # a partition's row is rebuilt on its 1st, (1 + REBUILD_EVERY)th, ... step
 TIE_TOLERANCE = 1e-9  # relative: losses this close train the same tokens up to rounding
 
 
@@ -99,12 +100,9 @@ class SplitPlanner:
                 entry = (ft_sms, model.slowdown(infer_sms, ft_sms), co_run_rate(ft_sms))
                 self._pairs.setdefault(infer_sms, []).append(entry)
         self._is_spatial = bool(self._pairs)
-        self._row_index = {infer_sms: n for n, infer_sms in enumerate(self._pairs)}
         self._global_correction = 1.0
         self._full_relative_correction = 1.0
         self._full_margin = self.margin((self._full_sms, 0))
-        self._num_observed = 0
-        self._partition_observed: dict[tuple[int, int], int] = {}
         self._refresh_rows()
 
     def _refresh_rows(self) -> None:
@@ -114,16 +112,18 @@ class SplitPlanner:
             i: {f: self._candidate(i, f, slowdown, rate) for f, slowdown, rate in pairs}
             for i, pairs in self._pairs.items()
         }
-        self._rows = [self._build_row(infer_sms) for infer_sms in self._pairs]
+        self._row_of = {infer_sms: self._build_row(infer_sms) for infer_sms in self._pairs}
         self._prune_rows()
 
     def _prune_rows(self) -> None:
-        """The rows that can beat decode alone plus a slice: a row's loss is at least its least loss
-        coefficient times its solo latency, which is at least `ratio` (its smallest coefficient ratio to the
-        whole device's line) times the whole device's; with PRUNE_SLACK for the correction moving between
-        checks. Pruning costs optimality at worst, never the target (feasibility is checked per row)."""
+        """Rows in ascending order of their loss bound, and those that can beat decode alone plus a slice: a
+        row's loss is at least its least loss coefficient times its solo latency, which is at least `ratio`
+        (its smallest coefficient ratio to the whole device's line) times the whole device's (the row's
+        `lower`: their product); with PRUNE_SLACK for the correction moving between checks. Pruning costs
+        optimality at worst, never the target (feasibility is checked per row)."""
+        self._rows = sorted(self._row_of.values(), key=_row_lower)
         bound = PRUNE_SLACK * self._slice_rate * self._full_relative_correction
-        self._active_rows = [row for row in self._rows if row[6][0][1] * row[7] < bound]
+        self._active_rows = [row for row in self._rows if row[7] < bound]
 
     def _candidate(self, infer_sms: int, ft_sms: int, slowdown: float, rate: float) -> tuple:
         """(solo latency it allows, loss coefficient, ft_sms, prediction factor, margin, slowdown, rate). The
@@ -139,7 +139,7 @@ class SplitPlanner:
         i, f = partition
         old = self._candidates[i][f]
         self._candidates[i][f] = self._candidate(i, f, old[5], old[6])
-        self._rows[self._row_index[i]] = self._build_row(i)
+        self._row_of[i] = self._build_row(i)
         self._prune_rows()
 
     def refresh(self) -> None:
@@ -155,7 +155,8 @@ class SplitPlanner:
                 best[k] = best[k + 1]
         b0, c0, k0 = self._full_line
         ratio = min(c.b0_ms / b0, c.c0_ms / c0, c.k0_ms / k0 if k0 > 0 else math.inf)
-        return (c.b0_ms, c.c0_ms, c.k0_ms, infer_sms, candidates[-1][0], [a for a, *_ in candidates], best, ratio)
+        lower = best[0][1] * ratio
+        return (c.b0_ms, c.c0_ms, c.k0_ms, infer_sms, candidates[-1][0], [a for a, *_ in candidates], best, lower)
 
     def plan(self, batch_size: int, seq_len: float, has_ready_work: bool) -> SplitDecision:
         if batch_size < 1 or seq_len < 0:
@@ -179,7 +180,10 @@ class SplitPlanner:
             least_loss = rate * target  # no slice at all: any feasible pair beats it
             rows = self._rows
         best, best_solo, best_infer = None, 0.0, self._full_sms
-        for b0, c0, k0, infer_sms, max_allowance, allowances, best_from, _ in rows:
+        full_solo = model_ms * g
+        for b0, c0, k0, infer_sms, max_allowance, allowances, best_from, lower in rows:
+            if lower > 0.0 and lower * full_solo > least_loss * (1.0 + TIE_TOLERANCE):
+                break  # rows come in ascending `lower`: none left can train more than the best so far
             solo = (b0 * padded + c0 + k0 * num_kv_tokens) * g
             if solo <= max_allowance:
                 candidate = best_from[bisect_left(allowances, solo)]
@@ -203,32 +207,33 @@ class SplitPlanner:
                              slowdown * best_solo / g, alone)
 
     def observe(self, decision: SplitDecision, measured_ms: float) -> None:
-        """Feed the measured latency of the step `decision` planned into the correction and the margin."""
-        if not (math.isfinite(measured_ms) and measured_ms > 0):
+        """Feed the measured latency of the step `decision` planned into the correction and the margin. Part of
+        every step's decision cost (with plan), so it keeps to one correction update, one margin update and
+        counters; rows are rebuilt only on the schedule below."""
+        if not 0.0 < measured_ms < math.inf:
             raise HarvestError(f"measured decode latency must be a positive number of ms, got {measured_ms}")
-        partition = (decision.infer_sms, decision.ft_sms)
+        ft_sms = decision.ft_sms
+        partition = (decision.infer_sms, ft_sms)
         self.margin.observe(partition, decision.predicted_ms, measured_ms)
-        self._tracker.update(partition, decision.model_ms, decision.predicted_ms, measured_ms)
-        self._global_correction = self._tracker.global_correction
-        self._num_observed += 1
-        if self._num_observed % REFRESH_EVERY == 0:
+        tracker = self._tracker
+        residual = tracker.update(partition, decision.model_ms, decision.predicted_ms, measured_ms)
+        self._global_correction = tracker.global_correction
+        if not ft_sms:
+            self._full_relative_correction = math.exp(residual.offset)
+        if tracker.num_observed % REFRESH_EVERY == 0:
             # Decode alone is never held to a margin (its slice is sized on the measured step): reported only.
             self._full_margin = self.margin((self._full_sms, 0))
             if self._is_spatial and abs(self.margin.device() / self._device_margin - 1.0) > REFRESH_TOLERANCE:
                 self._refresh_rows()
             elif self._is_spatial:
-                for i, f in self._tracker.faded_partitions(REBUILD_EVERY):
+                for i, f in tracker.faded_partitions(REBUILD_EVERY):
                     if f in self._candidates.get(i, ()):
                         self._rebuild((i, f))
                 self._prune_rows()
-        elif decision.ft_sms:
+        elif ft_sms and residual.num_observed % REBUILD_EVERY == _REBUILD_PHASE:
             # Rebuilt every REBUILD_EVERY observations of the partition: in between its row plans with a
             # slightly older correction, and the margin, learned from those very predictions, covers that.
-            n = self._partition_observed[partition] = self._partition_observed.get(partition, 0) + 1
-            if n % REBUILD_EVERY == 1 or REBUILD_EVERY == 1:
-                self._rebuild(partition)
-        if not decision.ft_sms:
-            self._full_relative_correction = self._tracker.relative_correction(partition)
+            self._rebuild(partition)
 
     def stats(self) -> PredictionStats:
         return self._tracker.stats()
@@ -262,6 +267,10 @@ def _finetune_rates(profile: Profile):
     n = profile.num_sms
     return ("PROXY (the profile measured no co-run finetune throughput): finetune SM share",
             lambda ft_sms: ft_sms / n, 1.0)
+
+
+def _row_lower(row: tuple) -> float:
+    return row[7]
 
 
 def _allowance(target_ms: float, factor: float) -> float:
