@@ -1,9 +1,13 @@
 """Torch-free policies of the finetune engine: the resident-layer window and the unit sizer."""
 
+import math
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harvest.finetune import unit_sizer
 from harvest.finetune.unit_sizer import UnitSizer
 from harvest.finetune.window_policy import WindowPolicy
 
@@ -231,3 +235,50 @@ def test_a_head_whose_time_does_not_grow_with_its_span_is_cut_over_the_vocabular
     assert sizer.head_vocab_parts(96, max_parts=48) == 2  # a pass, half of 40 ms, in chunks under 18.6 ms
     sizer.observe("forward", 10, 20.0)  # a layer kind keeps the per-token fallback: rows are cut
     assert sizer.cost("forward") == (0.0, 2.0) and sizer.rows_per_slice(4, 10) == 1
+
+
+def _share_over_bound(sizer: UnitSizer, rng: random.Random, sigma: float, steps: int = 400) -> float:
+    """Size a layer kind's units step after step on a known line (0.01 ms per position, no fixed part) times
+    log-normal noise of `sigma`; the share of units over the bound after the first 50."""
+    over = 0
+    for step in range(steps):
+        rows = sizer.rows_per_slice(256, 32)
+        ms = 0.01 * rows * 32 * math.exp(rng.gauss(0.0, sigma))
+        sizer.observe("backward", rows * 32, ms)
+        over += step >= 50 and ms > sizer.max_unit_ms
+    return over / (steps - 50)
+
+
+@pytest.mark.parametrize("sigma", [0.1, 0.3])
+def test_a_kinds_overrun_is_the_99th_percentile_of_its_units_over_its_line(sigma):
+    """Units timed at spread sizes on a known line (2 ms + 0.01 ms per position) times log-normal noise: the
+    overrun is about exp(2.33 sigma), and about 1 % of fresh units run over the line times it."""
+    rng = random.Random(0)
+    sizer = UnitSizer(max_unit_ms=18.6)
+    for _ in range(200):
+        positions = rng.randint(100, 2000)
+        sizer.observe("backward", positions, (2.0 + 0.01 * positions) * math.exp(rng.gauss(0.0, sigma)))
+    assert sizer.overrun("backward") == pytest.approx(math.exp(2.33 * sigma), rel=0.2)
+    fixed, per_position = sizer.cost("backward")
+    draws = [rng.randint(100, 2000) for _ in range(2000)]
+    over = sum((2.0 + 0.01 * n) * math.exp(rng.gauss(0.0, sigma)) > (fixed + per_position * n) * sizer.overrun("backward")
+               for n in draws)
+    assert over / len(draws) <= 0.03
+
+
+@pytest.mark.parametrize("sigma", [0.1, 0.3])
+def test_units_sized_by_the_sizer_stay_within_the_bound_on_99_percent_of_draws(sigma):
+    """Closed loop: the sizer cuts each unit from what it timed before, the unit runs with noise."""
+    assert _share_over_bound(UnitSizer(max_unit_ms=18.6), random.Random(0), sigma) <= 0.03
+
+
+def test_a_kinds_overrun_is_one_until_enough_units_are_timed_and_follows_its_spread():
+    sizer = UnitSizer(max_unit_ms=18.6)
+    for n in range(unit_sizer.MIN_SPREAD_SAMPLES + 1):  # the first unit has no line to be measured against
+        assert sizer.overrun("backward") == 1.0
+        sizer.observe("backward", 100, 10.0 * (1.2 if n % 2 else 1 / 1.2))
+    assert sizer.overrun("backward") > 1.2  # log-spread ~0.25: exp(2.33 x 0.25 + its mean)
+    sizer.observe_optimizer(10.0)
+    for n in range(unit_sizer.MIN_SPREAD_SAMPLES + 1):
+        sizer.observe_optimizer(10.0)
+    assert sizer.overrun("optimizer") == 1.0  # no spread: the update is cut at its time

@@ -206,3 +206,22 @@ def test_a_step_that_writes_a_checkpoint_is_its_own_unit_kind_announced_before_i
         kinds.append(result.kind)
     assert [k for k in kinds if k in ("optimizer", "checkpoint")] == ["optimizer", "checkpoint"] * 2
     assert len(list(Path(engine.llamafactory.output_dir).glob("checkpoint-*"))) == 2
+
+
+def test_the_sizer_times_a_unit_by_the_positions_it_computes_padding_included(job_path, monkeypatch):
+    """Attention, the MLP and the head compute over padded positions as over real ones: a unit's size is rows x
+    positions. Fed non-padding tokens, a head span of padding alone was never timed at all."""
+    observed = []
+    observe = UnitSizer.observe
+    monkeypatch.setattr(UnitSizer, "observe", lambda self, kind, num_positions, duration_ms:
+                        observed.append((kind, num_positions)) or observe(self, kind, num_positions, duration_ms))
+    engine = FinetuneEngine.from_yaml(job_path)
+    results = []
+    while not results or not results[-1].is_step_end:
+        results.append(engine.run_next_unit())
+    assert [kind for kind, _ in observed] == [r.kind for r in results]
+    layer_units = [(r, n) for r, (kind, n) in zip(results, observed, strict=True) if kind in ("forward", "backward")]
+    assert all(n >= r.num_tokens > 0 for r, n in layer_units)
+    assert any(n > r.num_tokens for r, n in layer_units)  # these batches are padded
+    for slice_id in {r.slice_id for r, _ in layer_units}:  # every layer unit of a row slice is the same size
+        assert len({n for r, n in layer_units if r.slice_id == slice_id}) == 1

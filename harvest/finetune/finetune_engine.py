@@ -170,15 +170,16 @@ class FinetuneEngine:
             torch.cuda.current_stream(self.device).synchronize()
         duration_ms = (time.perf_counter() - started) * 1e3
         num_tokens = self._queue.num_unit_tokens(unit)
+        num_positions = self._queue.num_unit_positions(unit)
         if unit.vocab_part is None:
-            self._sizer.observe(unit.kind, num_tokens, duration_ms)
+            self._sizer.observe(unit.kind, num_positions, duration_ms)
         else:
             # A head over K vocabulary chunks is timed whole, its 2K units summed, once its last one has run,
             # with the share of its heavier pass (logits or gradient), which is what K is cut by.
             j, num_parts = unit.vocab_part
             self._head_pass_ms[j // num_parts] += duration_ms
             if j == 2 * num_parts - 1:
-                self._sizer.observe_split_head(num_tokens, *self._head_pass_ms)
+                self._sizer.observe_split_head(num_positions, *self._head_pass_ms)
                 self._head_pass_ms = [0.0, 0.0]
         self._step_ms += duration_ms
         is_step_end = unit.is_step_end
@@ -341,6 +342,8 @@ class FinetuneEngine:
             "resident_bytes": self._swapper.resident_bytes(),
             "frozen_bytes": self.frozen_bytes(),
             "recomputed_again": self.num_recomputed_again,
+            "max_unit_ms": self.config.max_unit_ms,
+            "unit_overrun": self._sizer.overruns(),
             "base_weights": self.base_weights,
             "state": state,
         }

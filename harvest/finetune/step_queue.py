@@ -86,6 +86,14 @@ class StepQueue:
             return int(mask[:, start:end].sum())
         return row_slice.inputs["input_ids"].shape[0] * (end - start)
 
+    def num_unit_positions(self, unit: Unit) -> int:
+        """Positions the unit computes, padding included (0 for the optimizer update's units): its size to the
+        UnitSizer, as cost follows positions, not the tokens among them."""
+        if unit.kind in UPDATE_KINDS:
+            return 0
+        num_rows, seq_len = self.slices[unit.slice_id].inputs["input_ids"].shape
+        return num_rows * (seq_len if unit.span is None else unit.span[1] - unit.span[0])
+
     def upcoming_layer_ids(self) -> list[int]:
         return [unit.layer_id for unit in self._units if unit.layer_id is not None]
 

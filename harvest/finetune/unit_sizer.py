@@ -2,23 +2,33 @@
 
 Torch-free. A unit of a kind costs a fixed part (per layer: the module calls and kernel launches; the head:
 the vocabulary projection's weight read and its gradient's product, once per unit whatever its span) plus a
-part per token, fitted per kind as a line through its recent units' distinct sizes. Rows are cut so the
+part per position, fitted per kind as a line through its recent units' distinct sizes. A unit's size is the
+positions it computes, rows x sequence positions, padding included: attention, the MLP and the head compute over
+padded positions as over real ones (fitted on non-padding tokens instead, a span of padding alone was never
+timed and the head's line ran ~2x under its units: eval/README.md). Rows are cut so the
 slowest kind but the head fits the bound; the head is cut along the sequence instead, and a span whose head
 is still over the bound along the vocabulary (head_vocab_parts: its fixed cost is split too). The optimizer
 update is cut over its parameters (optimizer_parts), at its whole update's measured time. A unit carries at
-least as much per-token work as its fixed cost: where the bound leaves less room, it runs up to twice its
-fixed cost rather than spend most of its time on it (cut on per-token cost alone, the demo job's head went to
-spans of ~2 tokens at an 18.6 ms bound and the job trained at a third of its uncut rate: eval/README.md).
+least as much per-position work as its fixed cost: where the bound leaves less room, it runs up to twice its
+fixed cost rather than spend most of its time on it (cut on per-position cost alone, the demo job's head went to
+spans of ~2 positions at an 18.6 ms bound and the job trained at a third of its uncut rate: eval/README.md).
 Splitting rows, spans or the vocabulary does not change the result: the loss is a token sum over the
 accumulation window (over vocabulary chunks, up to float rounding: the log-sum-exp is summed chunk by chunk).
 """
 
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 SIZES_PER_KIND = 8
-"""Distinct unit sizes (tokens) a kind's cost line is fitted over: the most recent ones."""
+"""Distinct unit sizes (positions) a kind's cost line is fitted over: the most recent ones."""
+SPREAD_WINDOW = 32
+"""A kind's last units whose time over its line's prediction sets how far under the bound it is sized."""
+MIN_SPREAD_SAMPLES = 8
+SPREAD_Z = 2.33
+"""The standard normal's 99th percentile: a unit is sized so 99 % of its kind's units (log-normal spread around
+the line) stay within the bound."""
 
 
 @dataclass(slots=True)
@@ -30,11 +40,13 @@ class UnitSizer:
     smoothing: float = 0.5
     """Weight of the newest sample in a size's moving average of its ms."""
     _ms: dict[str, dict[int, float]] = field(default_factory=dict)
-    """kind -> tokens -> moving average of its units' ms, the SIZES_PER_KIND most recently seen sizes."""
+    """kind -> positions -> moving average of its units' ms, the SIZES_PER_KIND most recently seen sizes."""
     _head_heavy_share: float = 0.5
     """Moving average of a split head's heavier pass (logits or gradient) as a share of its whole time."""
     _optimizer_ms: float | None = None
     """Moving average of a whole optimizer update's ms (its parts summed)."""
+    _spread: dict[str, deque[float]] = field(default_factory=dict)
+    """kind -> log(measured / predicted) of its last SPREAD_WINDOW units, each against the line before it."""
 
     def __post_init__(self) -> None:
         if self.max_unit_ms is not None and self.max_unit_ms <= 0:
@@ -44,20 +56,23 @@ class UnitSizer:
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
 
-    def observe(self, kind: str, num_tokens: int, duration_ms: float) -> None:
-        if num_tokens <= 0 or duration_ms <= 0:  # a unit under the clock's resolution says nothing of its cost
+    def observe(self, kind: str, num_positions: int, duration_ms: float) -> None:
+        if num_positions <= 0 or duration_ms <= 0:  # a unit under the clock's resolution says nothing of its cost
             return
+        line = self.cost(kind)
+        if line is not None:
+            self._add_spread(kind, line[0] + line[1] * num_positions, duration_ms)
         sizes = self._ms.setdefault(kind, {})
-        previous = sizes.pop(num_tokens, None)  # re-inserted: the most recent size last
-        sizes[num_tokens] = duration_ms if previous is None else previous + self.smoothing * (duration_ms - previous)
+        previous = sizes.pop(num_positions, None)  # re-inserted: the most recent size last
+        sizes[num_positions] = duration_ms if previous is None else previous + self.smoothing * (duration_ms - previous)
         if len(sizes) > SIZES_PER_KIND:
             del sizes[next(iter(sizes))]
 
-    def observe_split_head(self, num_tokens: int, logits_ms: float, gradient_ms: float) -> None:
-        """A head cut over vocabulary chunks, its two passes' units summed: the head's time at num_tokens, and
+    def observe_split_head(self, num_positions: int, logits_ms: float, gradient_ms: float) -> None:
+        """A head cut over vocabulary chunks, its two passes' units summed: the head's time at num_positions, and
         the share its heavier pass took (the passes differ: eval/README.md, "Temporal slice")."""
         whole_ms = logits_ms + gradient_ms
-        self.observe("head", num_tokens, whole_ms)
+        self.observe("head", num_positions, whole_ms)
         if whole_ms > 0:
             share = max(logits_ms, gradient_ms) / whole_ms
             self._head_heavy_share += self.smoothing * (share - self._head_heavy_share)
@@ -67,7 +82,28 @@ class UnitSizer:
         if duration_ms <= 0:
             return
         previous = self._optimizer_ms
+        if previous is not None:
+            self._add_spread("optimizer", previous, duration_ms)
         self._optimizer_ms = duration_ms if previous is None else previous + self.smoothing * (duration_ms - previous)
+
+    def _add_spread(self, kind: str, predicted_ms: float, measured_ms: float) -> None:
+        if predicted_ms > 0:
+            window = self._spread.setdefault(kind, deque(maxlen=SPREAD_WINDOW))
+            window.append(math.log(measured_ms / predicted_ms))
+
+    def overrun(self, kind: str) -> float:
+        """How far over its line's prediction a unit of `kind` runs at the 99th percentile: exp(mean + SPREAD_Z
+        std) of log(measured / predicted) over its last units, at least 1 (1 until MIN_SPREAD_SAMPLES are
+        timed). Units are sized to the bound divided by it: a unit sized to the line alone runs over the bound
+        whenever it runs slower than the line, and noise makes that common (eval/README.md)."""
+        window = self._spread.get(kind)
+        if window is None or len(window) < MIN_SPREAD_SAMPLES:
+            return 1.0
+        return max(1.0, math.exp(statistics.fmean(window) + SPREAD_Z * statistics.stdev(window)))
+
+    def overruns(self) -> dict[str, float]:
+        """Each timed kind's overrun (stats: how far under `max_unit_ms` its units are cut)."""
+        return {kind: round(self.overrun(kind), 3) for kind in self._spread}
 
     def optimizer_parts(self, max_parts: int) -> int:
         """P in [1, max_parts]: the parts an optimizer update is cut into so one stays under `max_unit_ms` at
@@ -78,15 +114,15 @@ class UnitSizer:
             return 1
         if self._optimizer_ms is None:
             return max_parts
-        return max(1, min(max_parts, math.ceil(self._optimizer_ms / self.max_unit_ms)))
+        return max(1, min(max_parts, math.ceil(self._optimizer_ms * self.overrun("optimizer") / self.max_unit_ms)))
 
     def cost(self, kind: str) -> tuple[float, float] | None:
-        """(fixed ms, ms per token) of a unit of `kind`: a robust line through its recent sizes' times (the
+        """(fixed ms, ms per position) of a unit of `kind`: a robust line through its recent sizes' times (the
         median of pairwise slopes, Theil-Sen: one stalled unit, like a first one that loaded data, does not
         tilt it), the fixed part at least 0. With one size timed, or no growth with size: for a layer kind all
-        of it per token (the median ratio), which cuts shorter than the line, so other sizes get timed; for the
+        of it per position (the median ratio), which cuts shorter than the line, so other sizes get timed; for the
         head all of it fixed (the median time), its weight read, which no shorter span cuts but vocabulary
-        chunks do (cut per token instead, it went to spans of a few tokens that each still ran over the bound:
+        chunks do (cut per position instead, it went to spans of a few positions that each still ran over the bound:
         eval/README.md). None: nothing timed."""
         sizes = self._ms.get(kind)
         if not sizes:
@@ -100,13 +136,13 @@ class UnitSizer:
             return 0.0, statistics.median(y / x for x, y in points)
         return max(0.0, statistics.median(y - slope * x for x, y in points)), slope
 
-    def _tokens_within_bound(self, kind: str) -> float:
-        fixed, per_token = self.cost(kind)
-        if per_token == 0:
+    def _positions_within_bound(self, kind: str) -> float:
+        fixed, per_position = self.cost(kind)
+        if per_position == 0:
             return math.inf
-        return max(self.max_unit_ms - fixed, fixed) / per_token
+        return max(self.max_unit_ms / self.overrun(kind) - fixed, fixed) / per_position
 
-    def rows_per_slice(self, num_rows: int, tokens_per_row: int) -> int:
+    def rows_per_slice(self, num_rows: int, positions_per_row: int) -> int:
         """Rows per unit in [1, num_rows]: as many as fit `max_unit_ms` at every timed unit kind but the head,
         which is cut along the sequence instead (head_spans); one before any unit is timed."""
         if num_rows < 1:
@@ -117,25 +153,25 @@ class UnitSizer:
             # of whole micro-batches overran the bound several times over and, in a worker that never idles,
             # did not finish (its units fit no slice).
             kinds = [kind for kind in self._ms if kind != "head"]
-            tokens = min((self._tokens_within_bound(kind) for kind in kinds), default=None)
-            rows = 1 if tokens is None else math.floor(tokens / max(tokens_per_row, 1))
+            positions = min((self._positions_within_bound(kind) for kind in kinds), default=None)
+            rows = 1 if positions is None else math.floor(positions / max(positions_per_row, 1))
         if self.max_slice_rows is not None:
             rows = min(rows, self.max_slice_rows)
         return max(1, min(rows, num_rows))
 
-    def head_vocab_parts(self, num_tokens: int, max_parts: int) -> int:
-        """K <= max_parts: the vocabulary chunks a head unit over `num_tokens` tokens is split into, in 2K
+    def head_vocab_parts(self, num_positions: int, max_parts: int) -> int:
+        """K <= max_parts: the vocabulary chunks a head unit over `num_positions` positions is split into, in 2K
         units (K for the logits, K for the gradient), so one stays under `max_unit_ms` at the head's measured
         cost and its heavier pass's share of it (a half until a split head is timed); 0: one whole unit (it
         fits, nothing is timed yet, or max_parts is 0). The head's fixed cost, its weight read, is what a span
         of one position cannot cut; each of K chunks reads 1/K of it."""
         if self.max_unit_ms is None or not self._ms.get("head") or max_parts < 1:
             return 0
-        fixed, per_token = self.cost("head")
-        whole_ms = fixed + per_token * num_tokens
-        if whole_ms <= self.max_unit_ms:
+        fixed, per_position = self.cost("head")
+        whole_ms = fixed + per_position * num_positions
+        if whole_ms * self.overrun("head") <= self.max_unit_ms:
             return 0
-        return min(max_parts, math.ceil(whole_ms * self._head_heavy_share / self.max_unit_ms))
+        return min(max_parts, math.ceil(whole_ms * self._head_heavy_share * self.overrun("head") / self.max_unit_ms))
 
     def head_spans(self, num_rows: int, seq_len: int) -> list[tuple[int, int]]:
         """Sequence positions [start, end) of each head unit of a row slice: as few equal spans as keep one
@@ -144,7 +180,7 @@ class UnitSizer:
         span's share."""
         length = seq_len
         if self.max_unit_ms is not None and self._ms.get("head"):
-            tokens = self._tokens_within_bound("head")
-            length = seq_len if math.isinf(tokens) else max(1, min(seq_len, math.floor(tokens / num_rows)))
+            positions = self._positions_within_bound("head")
+            length = seq_len if math.isinf(positions) else max(1, min(seq_len, math.floor(positions / num_rows)))
         length = math.ceil(seq_len / math.ceil(seq_len / length))  # equal spans, none longer
         return [(start, min(start + length, seq_len)) for start in range(0, seq_len, length)]
