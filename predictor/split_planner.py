@@ -14,10 +14,11 @@ A decision must cost a few arithmetic operations (HARLI: 5 us per prediction). W
 (stage 2 is a factor per partition), everything but the stage-1 line is precomputed per inference
 partition: its candidates in ascending order of the solo latency each allows (target / (factor * margin)),
 and the suffix minimum of the loss coefficient (R - r_f) * factor. A decision evaluates the solo line once
-per inference partition, bisects for the feasible suffix and reads its best candidate. observe() rebuilds
-the measured partition's candidate and row every REBUILD_EVERY of its steps; each REFRESH_EVERY steps, every
-row if the device-wide margin moved, else the rows of partitions measured slow and unused since (their value
-fades, OFFSET_FADE: residual_tracker.py says why).
+per inference partition, bisects for the feasible suffix and reads its best candidate; rows come in
+ascending order of a lower bound on their loss, so the first row that cannot beat the best so far ends the
+search. observe() rebuilds the measured partition's candidate and row every REBUILD_EVERY of its steps; each
+REFRESH_EVERY steps, every row if the device-wide margin moved, else the rows of partitions measured slow and
+unused since (their value fades, OFFSET_FADE: residual_tracker.py says why).
 """
 
 import math
@@ -161,7 +162,7 @@ class SplitPlanner:
     def plan(self, batch_size: int, seq_len: float, has_ready_work: bool) -> SplitDecision:
         if batch_size < 1 or seq_len < 0:
             raise HarvestError(f"a decode step needs batch_size >= 1 and seq_len >= 0, got {batch_size}, {seq_len}")
-        padded = batch_size if batch_size > self._plateau else self._plateau
+        padded = batch_size if batch_size > self._plateau else self._plateau  # noqa: FURB136 (a call costs more)
         num_kv_tokens = batch_size * seq_len
         target = self.tpot_slo_ms
         g = self._global_correction
