@@ -168,10 +168,10 @@ class UnitSizer:
         if self.max_unit_ms is None or not self._ms.get("head") or max_parts < 1:
             return 0
         fixed, per_position = self.cost("head")
-        whole_ms = fixed + per_position * num_positions
-        if whole_ms * self.overrun("head") <= self.max_unit_ms:
+        whole_ms = (fixed + per_position * num_positions) * self.overrun("head")  # at its 99th percentile
+        if whole_ms <= self.max_unit_ms:
             return 0
-        return min(max_parts, math.ceil(whole_ms * self._head_heavy_share * self.overrun("head") / self.max_unit_ms))
+        return min(max_parts, math.ceil(whole_ms * self._head_heavy_share / self.max_unit_ms))
 
     def head_spans(self, num_rows: int, seq_len: int) -> list[tuple[int, int]]:
         """Sequence positions [start, end) of each head unit of a row slice: as few equal spans as keep one
