@@ -84,7 +84,7 @@ class StepQueue:
         mask = row_slice.inputs.get("attention_mask")
         if mask is not None and mask.dim() == 2:
             return int(mask[:, start:end].sum())
-        return row_slice.inputs["input_ids"].shape[0] * (end - start)
+        return self.num_unit_positions(unit)  # no padding mask: every position is a token
 
     def num_unit_positions(self, unit: Unit) -> int:
         """Positions the unit computes, padding included (0 for the optimizer update's units): its size to the
