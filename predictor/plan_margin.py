@@ -28,15 +28,13 @@ class _Spread:
         self._sum = 0.0
         self._sum_sq = 0.0
 
-    def __len__(self) -> int:
-        return len(self._window)
-
     def factor(self) -> float:
         """exp(mean + Z * std) of the window, never below 1: the planner never plans past its prediction."""
         n = len(self._window)
         mean = self._sum / n
-        var = max(0.0, (self._sum_sq - n * mean * mean) / (n - 1))
-        return max(1.0, math.exp(mean + Z * math.sqrt(var)))
+        var = (self._sum_sq - n * mean * mean) / (n - 1)
+        quantile = mean + Z * math.sqrt(var) if var > 0.0 else mean
+        return math.exp(quantile) if quantile > 0.0 else 1.0
 
 
 class PlanMargin:
@@ -71,13 +69,13 @@ class PlanMargin:
     def device(self) -> float:
         if self.fixed is not None:
             return self.fixed
-        return self._device.factor() if len(self._device) >= MIN_SAMPLES else PRIOR
+        return self._device.factor() if len(self._device._window) >= MIN_SAMPLES else PRIOR
 
     def __call__(self, partition: tuple[int, int]) -> float:
         if self.fixed is not None:
             return self.fixed
         spread = self._partitions.get(partition)
-        if spread is not None and len(spread) >= MIN_SAMPLES:
+        if spread is not None and len(spread._window) >= MIN_SAMPLES:
             return spread.factor()
         return self.device()
 

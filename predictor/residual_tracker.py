@@ -71,19 +71,18 @@ class ResidualTracker:
         self._sum_bias = 0.0
         self._last: tuple[float, float] | None = None
 
-    def relative_correction(self, partition: Partition) -> float:
-        """This partition's correction divided by the device-wide one (1 until it is measured)."""
+    def relative_corrections(self, partition: Partition) -> tuple[float, float]:
+        """(this partition's correction divided by the device-wide one, 1 until it is measured; what the planner
+        values the partition at): the second has a slow offset (> 0) faded by `fade` per step since the
+        partition was last measured, a fast one kept. The planner checks the target with the first only."""
         residual = self._partitions.get(partition)
-        return 1.0 if residual is None else math.exp(residual.offset)
-
-    def optimistic_relative_correction(self, partition: Partition) -> float:
-        """relative_correction with a slow offset (> 0) faded by `fade` per step since the partition was
-        last measured; a fast one is kept. What the planner values the partition at, never what it checks
-        the target with."""
-        residual = self._partitions.get(partition)
-        if residual is None or residual.offset <= 0.0:
-            return self.relative_correction(partition)
-        return math.exp(residual.offset * self.fade ** (self.num_observed - residual.last_observed))
+        if residual is None:
+            return 1.0, 1.0
+        offset = residual.offset
+        checked = math.exp(offset)
+        if offset <= 0.0:
+            return checked, checked
+        return checked, math.exp(offset * self.fade ** (self.num_observed - residual.last_observed))
 
     def faded_partitions(self, min_age: int) -> list[Partition]:
         """The partitions valued on a faded offset: measured slow, and not in the last `min_age` steps."""
@@ -135,7 +134,7 @@ class ResidualTracker:
                     "mean_measured_ms": r.sum_measured_ms / r.num_observed,
                     "mape": r.sum_ape / r.num_observed,
                     "correction": self.correction(p),
-                    "valued_at_correction": self.global_correction * self.optimistic_relative_correction(p),
+                    "valued_at_correction": self.global_correction * self.relative_corrections(p)[1],
                 }
                 for p, r in self._partitions.items()
             },

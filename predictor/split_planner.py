@@ -22,9 +22,10 @@ unused since (their value fades, OFFSET_FADE: residual_tracker.py says why).
 """
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections.abc import Collection
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
@@ -43,6 +44,7 @@ OFFSET_FADE = 0.99
 as the controller's decode cost fit): a partition slow steps priced out is tried again at the next refresh."""
 _REBUILD_PHASE = 1 % REBUILD_EVERY  # a partition's row is rebuilt on its 1st, (1 + REBUILD_EVERY)th, ... step
 TIE_TOLERANCE = 1e-9  # relative: losses this close train the same tokens up to rounding
+_ROW_LOWER = itemgetter(7)  # a row's loss bound (_build_row)
 
 
 @dataclass(slots=True)
@@ -114,34 +116,37 @@ class SplitPlanner:
             for i, pairs in self._pairs.items()
         }
         self._row_of = {infer_sms: self._build_row(infer_sms) for infer_sms in self._pairs}
+        self._rows = sorted(self._row_of.values(), key=_ROW_LOWER)
         self._prune_rows()
 
     def _prune_rows(self) -> None:
-        """Rows in ascending order of their loss bound, and those that can beat decode alone plus a slice: a
-        row's loss is at least its least loss coefficient times its solo latency, which is at least `ratio`
-        (its smallest coefficient ratio to the whole device's line) times the whole device's (the row's
-        `lower`: their product); with PRUNE_SLACK for the correction moving between checks. Pruning costs
-        optimality at worst, never the target (feasibility is checked per row)."""
-        self._rows = sorted(self._row_of.values(), key=_row_lower)
+        """The rows that can beat decode alone plus a slice: a row's loss is at least its least loss coefficient
+        times its solo latency, which is at least `ratio` (its smallest coefficient ratio to the whole device's
+        line) times the whole device's (the row's `lower`: their product, the key `_rows` is kept in ascending
+        order of); with PRUNE_SLACK for the correction moving between checks. Pruning costs optimality at
+        worst, never the target (feasibility is checked per row)."""
         bound = PRUNE_SLACK * self._slice_rate * self._full_relative_correction
-        self._active_rows = [row for row in self._rows if row[7] < bound]
+        self._active_rows = self._rows[:bisect_left(self._rows, bound, key=_ROW_LOWER)]
 
     def _candidate(self, infer_sms: int, ft_sms: int, slowdown: float, rate: float) -> tuple:
         """(solo latency it allows, loss coefficient, ft_sms, prediction factor, margin, slowdown, rate). The
         allowance (does it fit) uses the partition's correction; the loss (what it is worth), the optimistic one."""
         partition = (infer_sms, ft_sms)
-        factor = slowdown * self._tracker.relative_correction(partition)
-        valued_factor = slowdown * self._tracker.optimistic_relative_correction(partition)
+        relative, valued = self._tracker.relative_corrections(partition)
+        factor = slowdown * relative
+        valued_factor = slowdown * valued
         margin = self.margin(partition)
         allowance = _allowance(self.tpot_slo_ms, factor * margin)
         return (allowance, (self._slice_rate - rate) * valued_factor, ft_sms, factor, margin, slowdown, rate)
 
     def _rebuild(self, partition: tuple[int, int]) -> None:
+        """Recompute one candidate and its row, moved to its place in `_rows` (the caller prunes)."""
         i, f = partition
         old = self._candidates[i][f]
         self._candidates[i][f] = self._candidate(i, f, old[5], old[6])
-        self._row_of[i] = self._build_row(i)
-        self._prune_rows()
+        self._rows.remove(self._row_of[i])
+        row = self._row_of[i] = self._build_row(i)
+        insort(self._rows, row, key=_ROW_LOWER)
 
     def refresh(self) -> None:
         """Bring every row up to date with the correction and margins now (observe() does it lazily)."""
@@ -151,13 +156,16 @@ class SplitPlanner:
         c = self.profile.latency_model.solo.coefficients(infer_sms)
         candidates = sorted(self._candidates[infer_sms].values())
         best = candidates[:]  # best[k]: the least-loss candidate among candidates[k:]
+        least = best[-1]
         for k in range(len(best) - 2, -1, -1):
-            if best[k + 1][1] <= best[k][1]:
-                best[k] = best[k + 1]
+            if least[1] <= best[k][1]:
+                best[k] = least
+            else:
+                least = best[k]
         b0, c0, k0 = self._full_line
         ratio = min(c.b0_ms / b0, c.c0_ms / c0, c.k0_ms / k0 if k0 > 0 else math.inf)
         lower = best[0][1] * ratio
-        return (c.b0_ms, c.c0_ms, c.k0_ms, infer_sms, candidates[-1][0], [a for a, *_ in candidates], best, lower)
+        return (c.b0_ms, c.c0_ms, c.k0_ms, infer_sms, candidates[-1][0], [a[0] for a in candidates], best, lower)
 
     def plan(self, batch_size: int, seq_len: float, has_ready_work: bool) -> SplitDecision:
         if batch_size < 1 or seq_len < 0:
@@ -235,6 +243,7 @@ class SplitPlanner:
             # Rebuilt every REBUILD_EVERY observations of the partition: in between its row plans with a
             # slightly older correction, and the margin, learned from those very predictions, covers that.
             self._rebuild(partition)
+            self._prune_rows()
 
     def stats(self) -> PredictionStats:
         return self._tracker.stats()
@@ -268,10 +277,6 @@ def _finetune_rates(profile: Profile):
     n = profile.num_sms
     return ("PROXY (the profile measured no co-run finetune throughput): finetune SM share",
             lambda ft_sms: ft_sms / n, 1.0)
-
-
-def _row_lower(row: tuple) -> float:
-    return row[7]
 
 
 def _allowance(target_ms: float, factor: float) -> float:
