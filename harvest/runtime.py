@@ -205,12 +205,7 @@ def _is_spatial(config: ServeConfig, profile) -> bool:
     if profile is None or not profile.latency_model.has_colo:
         return False
     # A profile's units are the device's: a GPU's SMs, or the cores of the CPU host it was measured on.
-    return config.finetune.device.startswith("cuda") or is_core_profile(profile)
-
-
-def is_core_profile(profile) -> bool:
-    """Measured on a CPU host (`harvest profile --co-run`): its partitions are core sets."""
-    return profile.device_name.startswith("CPU")
+    return config.finetune.device.startswith("cuda") or profile.is_cpu
 
 
 def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0, served_weights=None):

@@ -60,6 +60,11 @@ class Profile:
         return self.grid.num_sms
 
     @property
+    def is_cpu(self) -> bool:
+        """Measured on a CPU host (`harvest profile`): its "SMs" are cores, its partitions core sets."""
+        return self.device_name.startswith("CPU")
+
+    @property
     def sm_granularity(self) -> int:
         return self.grid.sm_granularity
 

@@ -262,3 +262,14 @@ def test_every_memory_preset_says_what_was_measured_and_what_guessed():
     for preset in MEMORY_PRESETS.values():
         assert "guessed" in preset.basis, preset.name
     assert preset.with_kv_capacity(1024).basis.startswith(preset.basis)
+
+
+@pytest.mark.parametrize(("profile_name", "preset"), [
+    ("cpu-cores-smollm2-135m.json", "cpu-smollm2-135m"),  # core partitions: num_sms is the host's cores
+    ("cpu-smollm2-135m.json", "cpu-smollm2-135m"),
+    ("synthetic-h100-llama3-8b.json", "h100-llama3-8b"),
+])
+def test_the_default_memory_preset_follows_the_profiles_device_kind(profile_name, preset):
+    profile = Profile.load(SHIPPED_PATH.parent / profile_name)
+    assert DeviceMemory.for_profile(profile).name == preset
+    assert DeviceMemory.for_profile(profile, "h100-llama3-8b").name == "h100-llama3-8b"

@@ -163,10 +163,8 @@ def _check_core_partitions(config) -> None:
 
     pairs = []
     if config.profile_path is not None:
-        from harvest.runtime import is_core_profile
-
         profile = Profile.load(config.profile_path)
-        pairs = [p for p in profile.partitions if p[1] > 0] if is_core_profile(profile) else []
+        pairs = [p for p in profile.partitions if p[1] > 0] if profile.is_cpu else []
         if pairs:
             pairs.append((profile.num_sms, 0))
     if config.pinned_partition is not None:

@@ -57,6 +57,12 @@ class DeviceMemory:
         )
 
     @classmethod
+    def for_profile(cls, profile, name: str | None = None) -> "DeviceMemory":
+        """The preset `name`, or by default the one of the profile's device kind: the CPU demo's for a profile
+        measured on a CPU host, else the H100's."""
+        return cls.from_name(name or ("cpu-smollm2-135m" if profile.is_cpu else "h100-llama3-8b"))
+
+    @classmethod
     def from_name(cls, name: str) -> "DeviceMemory":
         if name not in MEMORY_PRESETS:
             raise HarvestError(f"unknown memory preset {name!r}; known: {', '.join(sorted(MEMORY_PRESETS))}")

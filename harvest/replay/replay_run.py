@@ -105,8 +105,7 @@ def _simulate(config: ReplayRunConfig, trace, console) -> dict:
 
     profile_path = config.profile or str(SHIPPED_PATH)
     profile = Profile.load(profile_path)
-    preset = config.memory or ("cpu-smollm2-135m" if profile.num_sms == 1 else "h100-llama3-8b")
-    memory = DeviceMemory.from_name(preset).with_kv_capacity(config.kv_capacity_tokens)
+    memory = DeviceMemory.for_profile(profile, config.memory).with_kv_capacity(config.kv_capacity_tokens)
     console.print(f"memory preset {memory.name}: {memory.basis}")
     replay_config = ReplayConfig(
         tpot_slo_ms=config.tpot_ms,
