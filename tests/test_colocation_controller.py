@@ -1,6 +1,9 @@
 """The controller both co-location modes share, on a simulated clock and job (no worker, no GPU): the slice
 fits the measured slack, the idle-unit wait is charged to the batch that waited, stats have one shape."""
 
+import math
+
+import numpy as np
 import pytest
 
 from harvest.colocation.controller import Controller, TemporalController
@@ -27,6 +30,9 @@ def temporal(planner=None):
     job.is_ready = True
     controller = TemporalController(job, planner, SloTracker(TARGET_MS, 100), "test", clock=clock,
                                     loop_overhead_ms=0.0)
+    # Batches that do not spread (one client in a closed loop): the slice's bounds other than the batch's
+    # spread, which test_the_slice_leaves_room_for_the_batch_to_spread covers.
+    controller.batch_cost.dispersion = 0.0
     return controller, clock
 
 
@@ -209,6 +215,7 @@ def test_the_batch_cost_fit_finds_the_decode_cost_and_how_far_decode_overruns_it
     from harvest.colocation.controller import BatchCost
 
     cost = BatchCost()
+    cost.dispersion = 0.0  # batches that do not spread: the fit alone sets the limit
     assert cost.stretch_limit_ms(4, 20.0, 100.0) == pytest.approx(70.0), "no fit: 70 % of the target"
     assert cost.stretch_limit_ms(4, 60.0, 100.0) == 0.0, "no fit: a request more (75 ms) is past 70 ms"
     for i in range(400):
@@ -240,6 +247,59 @@ def test_the_slice_keeps_the_batch_it_grows_within_what_decode_alone_serves(slop
     assert step.finetune_ms == pytest.approx(UNIT_MS * (max(0.0, budget) // UNIT_MS))
     cut = controller.stats()["slices_cut_for_growth"] - cut_before
     assert cut == (0 if budget == TARGET_MS - 20.0 else 1)
+
+
+@pytest.mark.parametrize(("label", "low", "high"), [("closed loop", 0.0, 0.01), ("independent", 0.8, 1.2),
+                                                     ("bursts", 3.0, 5.0)])
+def test_the_batch_spread_is_learned_from_recent_batch_sizes(label, low, high):
+    """The dispersion (variance over mean of recent batch sizes) is 0 for a closed loop, ~1 for independent
+    arrivals (a Poisson batch) and more for bursts (here variance 4x the mean); 1 until enough steps are seen."""
+    from harvest.colocation.controller import MIN_SPREAD_STEPS, BatchCost
+
+    rng = np.random.default_rng(0)
+    draw = {"closed loop": lambda: 6, "independent": lambda: rng.poisson(6.0),
+            "bursts": lambda: rng.negative_binomial(2, 0.25)}[label]  # mean 6, variance 24
+    cost = BatchCost()
+    for _ in range(MIN_SPREAD_STEPS - 2):
+        cost.observe(max(1, int(draw())), 50.0)
+    assert cost.dispersion == 1.0
+    for _ in range(3000):
+        cost.observe(max(1, int(draw())), 50.0)
+    assert low <= cost.dispersion <= high
+
+
+def _poisson_tail(mean: float, k: int) -> float:
+    """P(Poisson(mean) > k)."""
+    term = total = math.exp(-mean)
+    for i in range(1, k + 1):
+        term *= mean / i
+        total += term
+    return 1.0 - total
+
+
+def test_the_slice_leaves_room_for_the_batch_to_spread():
+    """Decode alone serves 20 requests within the target (1 ms per request, no fixed cost, overrun 2, a 40 ms
+    target). Batches spread around the mean a slice leads to, so the slice stretches a 20 ms step at batch 2
+    only as far as keeps a batch spread as the load spreads it (`dispersion` x Poisson) over 20 in <= 0.1 % of
+    steps, or not at all; with no spread (a closed loop), to a mean of 20 itself. The more spread, the shorter.
+    Where arrivals are independent or steadier, not needlessly short: half as much again would pass 20 in more
+    than 0.1 % of steps."""
+    from harvest.colocation.controller import BatchCost
+
+    means = []
+    for dispersion in (0.0, 0.5, 1.0, 2.0, 4.0):
+        cost = BatchCost()
+        cost.slope_ms, cost.intercept_ms, cost._overrun_quantile, cost.dispersion = 1.0, 0.0, 2.0, dispersion
+        mean_batch = cost.stretch_limit_ms(2, 20.0, TARGET_MS) * 2 / 20.0  # Little's law, as the bound reads it
+        means.append(mean_batch)
+        if dispersion == 0.0:
+            assert mean_batch == pytest.approx(20.0)
+            continue
+        k = math.floor(20.0 / dispersion)
+        assert mean_batch == 0.0 or _poisson_tail(mean_batch / dispersion, k) <= 0.001, dispersion
+        if dispersion <= 1.0:
+            assert mean_batch >= 3 and _poisson_tail(1.5 * mean_batch / dispersion, k) > 0.001, dispersion
+    assert means == sorted(means, reverse=True) and means[-1] < means[1]
 
 
 class StallingJob(SimulatedJob):

@@ -6,9 +6,9 @@ planner gave them).
 After every step, what is left of its TPOT budget, as measured, goes to finetune units on the whole device
 (the temporal slice): a unit is admitted while a high quantile of its kind's recent times fits, within a
 share of the slack that backs off when a step runs long or misses the target, less a reserve for how far
-recent units ran past their estimates (host stalls), and no longer than keeps the batch it would grow
-within what decode alone can serve in the target (BatchCost; eval/README.md, "Temporal slice", says why each
-number is what it is). The step's record says what it was charged: the slice, and the wait of a batch that
+recent units ran past their estimates (host stalls), and no longer than keeps the batch it would grow, and
+its spread, within what decode alone can serve in the target (BatchCost; eval/README.md, "Temporal slice",
+says why each number is what it is). The step's record says what it was charged: the slice, and the wait of a batch that
 arrived while an idle-time unit ran.
 """
 
@@ -34,6 +34,14 @@ FILL_RECOVERY_PER_STEP = 0.02
 LOOP_OVERHEAD_MS = 2.0
 BATCH_COST_DECAY = 0.99
 """Per-step forgetting of the decode cost fit (~100 steps of memory): the host and the context lengths drift."""
+BATCH_SPREAD_DECAY = 0.999
+"""Per-step forgetting of the batch sizes' spread (~1000 steps, many requests' lifetimes): the load's spread,
+not one burst's."""
+MIN_SPREAD_STEPS = 100
+"""Until this many steps are seen, batches are taken to spread as independent arrivals make them (dispersion 1)."""
+BATCH_SPREAD_Z = 3.09
+"""The batch a slice leads to keeps this many of its standard deviations (on the square-root scale, BatchCost)
+within what decode alone serves: the normal 99.9th percentile, the steps harvest aims to keep."""
 RECENT_OVERRUNS = 256
 MIN_OVERRUNS = 64
 OVERRUN_QUANTILE = 0.99
@@ -57,12 +65,16 @@ class BatchCost:
 
     A slice stretches TPOT, requests stay longer and batches grow (Little's law: the batch in flight scales
     with the time a step takes), so the slice is bounded by the batch it would lead to: stretching a step of
-    latency L at batch b to T leads to about b x T / L requests, and decode alone at that batch, times a high
-    quantile of how far decode runs over its fit on this host, must stay within the target; a request more than
-    now must fit too, or nothing is sliced. The fit is an exponentially weighted least-squares line of step
-    latency on batch size; until batch sizes have spread enough to fit it, each request costs the step's mean
-    per request (as if decode had no fixed cost: the most a request can add where cost grows with batch, as on
-    CPUs) and the quantile is 1 / BACKOFF_LATENCY_FRACTION. eval/README.md ("Temporal slice") has why."""
+    latency L at batch b to T leads to a mean of about b x T / L requests, and decode alone at that batch, times
+    a high quantile of how far decode runs over its fit on this host, must stay within the target; a request
+    more than now must fit too, or nothing is sliced. Arrivals are random, so batches spread around that mean:
+    independent arrivals make the batch Poisson, whose square root spreads by 1/2 at any mean (Anscombe), and a
+    load `dispersion` times as spread out by sqrt(dispersion) / 2; the mean's square root is held that many
+    times BATCH_SPREAD_Z under the square root of the batch decode alone serves, so bursts seldom carry
+    batches past it. The fit is an exponentially weighted least-squares line of step latency on batch size;
+    until batch sizes have spread enough to fit it, each request costs the step's mean per request (as if
+    decode had no fixed cost: the most a request can add where cost grows with batch, as on CPUs) and the
+    quantile is 1 / BACKOFF_LATENCY_FRACTION. eval/README.md ("Temporal slice") has why."""
 
     def __init__(self, decay: float = BATCH_COST_DECAY):
         self.decay = decay
@@ -71,6 +83,9 @@ class BatchCost:
         self.intercept_ms = 0.0
         self._overrun: deque[float] = deque(maxlen=RECENT_OVERRUNS)
         self._overrun_quantile: float | None = None
+        self._spread_w = self._spread_b = self._spread_bb = 0.0
+        self.dispersion = 1.0
+        """Variance over mean of recent batch sizes: 1 for independent arrivals, more for bursts."""
 
     def observe(self, batch_size: int, latency_ms: float) -> None:
         if self.slope_ms is not None:
@@ -79,6 +94,13 @@ class BatchCost:
                 self._overrun.append(latency_ms / fitted)
                 if len(self._overrun) >= MIN_OVERRUNS and len(self._overrun) % 16 == 0:
                     self._overrun_quantile = max(1.0, _quantile(self._overrun, OVERRUN_QUANTILE))
+        d = BATCH_SPREAD_DECAY
+        self._spread_w = d * self._spread_w + 1.0
+        self._spread_b = d * self._spread_b + batch_size
+        self._spread_bb = d * self._spread_bb + batch_size * batch_size
+        if self._spread_w >= MIN_SPREAD_STEPS:
+            mean = self._spread_b / self._spread_w
+            self.dispersion = max(0.0, self._spread_bb / self._spread_w - mean * mean) / mean
         d = self.decay
         self._w = d * self._w + 1.0
         self._b = d * self._b + batch_size
@@ -106,9 +128,11 @@ class BatchCost:
         if per_request <= 0:
             return math.inf  # decode alone does not grow with the batch: growth costs nothing
         max_batch = (target_ms / self.overrun_quantile - intercept) / per_request
-        if max_batch < batch_size + 1:
+        root = math.sqrt(max_batch) - BATCH_SPREAD_Z * math.sqrt(self.dispersion) / 2 if max_batch > 0 else 0.0
+        max_mean_batch = root * root if root > 0 else 0.0
+        if max_mean_batch < batch_size + 1:
             return 0.0
-        return latency_ms * max_batch / batch_size
+        return latency_ms * max_mean_batch / batch_size
 
 
 class Controller:
@@ -284,6 +308,7 @@ class Controller:
             "batch_cost_ms_per_request": None if self.batch_cost.slope_ms is None
             else round(self.batch_cost.slope_ms, 3),
             "decode_overrun_quantile": round(self.batch_cost.overrun_quantile, 3),
+            "batch_dispersion": round(self.batch_cost.dispersion, 3),
             "slices_cut_for_growth": self.num_slices_cut_for_growth,
             "slice_reserve_ms": round(self.slice_reserve_ms, 3),
             "units_in_slack": self.num_units_in_slack,
