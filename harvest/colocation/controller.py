@@ -8,8 +8,8 @@ After every step, what is left of its TPOT budget, as measured, goes to finetune
 share of the slack that backs off when a step runs long or misses the target, less a reserve for how far
 recent units ran past their estimates (host stalls), and no longer than keeps the batch it would grow, and
 its spread, within what decode alone can serve in the target (BatchCost; eval/README.md, "Temporal slice",
-says why each number is what it is). The step's record says what it was charged: the slice, and the wait of a batch that
-arrived while an idle-time unit ran.
+says why each number is what it is). The step's record says what it was charged: the slice, and the wait of a
+batch that arrived while an idle-time unit ran.
 """
 
 import contextlib
@@ -69,9 +69,9 @@ class BatchCost:
     a high quantile of how far decode runs over its fit on this host, must stay within the target; a request
     more than now must fit too, or nothing is sliced. Arrivals are random, so batches spread around that mean:
     independent arrivals make the batch Poisson, whose square root spreads by 1/2 at any mean (Anscombe), and a
-    load `dispersion` times as spread out by sqrt(dispersion) / 2; the mean's square root is held that many
-    times BATCH_SPREAD_Z under the square root of the batch decode alone serves, so bursts seldom carry
-    batches past it. The fit is an exponentially weighted least-squares line of step latency on batch size;
+    load `dispersion` times as spread out by sqrt(dispersion) / 2; the mean's square root is kept BATCH_SPREAD_Z
+    such spreads under the square root of the batch decode alone serves, so bursts seldom carry batches past
+    it. The fit is an exponentially weighted least-squares line of step latency on batch size;
     until batch sizes have spread enough to fit it, each request costs the step's mean per request (as if
     decode had no fixed cost: the most a request can add where cost grows with batch, as on CPUs) and the
     quantile is 1 / BACKOFF_LATENCY_FRACTION. eval/README.md ("Temporal slice") has why."""
