@@ -36,6 +36,14 @@ class DecodeStep:
     """Finetune tokens trained beside the step and in its slice."""
     is_slo_met: bool | None = None
     """latency + finetune_ms + idle_wait_ms within the TPOT target (None: no SLO tracked, no finetune job)."""
+    ft_sms: int = 0
+    """The finetune side of the step's partition: units co-ran beside decode (0: decode had the device)."""
+    co_run_tail_ms: float = 0.0
+    """The part of finetune_ms spent waiting for the co-run unit in flight when decode's tokens were out."""
+    memory_ms: float = 0.0
+    """The part of finetune_ms spent lending KV chunks to the job or reclaiming them for decode."""
+    overrun_ms: float = 0.0
+    """The part of finetune_ms by which the slice's units outran the estimates they were admitted by."""
 
     @property
     def mean_seq_len(self) -> float:
@@ -64,7 +72,9 @@ class StepStats:
                 "predicted_ms": None if step.predicted_ms is None else round(step.predicted_ms, 4),
                 "finetune_ms": round(step.finetune_ms, 4), "idle_wait_ms": round(step.idle_wait_ms, 4),
                 "publish_ms": round(step.publish_ms, 4),
-                "finetune_tokens": step.finetune_tokens,
+                "finetune_tokens": step.finetune_tokens, "ft_sms": step.ft_sms,
+                "co_run_tail_ms": round(step.co_run_tail_ms, 4), "memory_ms": round(step.memory_ms, 4),
+                "overrun_ms": round(step.overrun_ms, 4),
             })
 
     def steps_since(self, seq: int, limit: int) -> list[dict]:
@@ -90,6 +100,33 @@ class StepStats:
         for name, q in (("p50", 50), ("p99", 99)):
             out[f"step_latency_ms_{name}"] = round(float(np.percentile(window, q)), 3) if len(window) else None
         return out
+
+
+MISS_CAUSES = ("decode", "co_run", "wait", "memory", "overrun", "slice")
+
+
+def miss_cause(step: dict, tpot_slo_ms: float) -> str | None:
+    """Why a step record's time (decode + its slice + the wait before it) is past the target, None if it is
+    not. Each cause is the first part of the step's time that, added up in this order, crosses the target:
+    "decode": decode alone on the whole device (the job had no part in the step);
+    "co_run": decode on its partition beside the job, or the wait for the co-run unit after it;
+    "wait": an idle-time unit, or SGLang loading a published adapter, the batch waited for;
+    "memory": lending KV to the job or reclaiming it for decode;
+    "overrun": slice units that ran longer than the estimates they were admitted by (host noise);
+    "slice": the slice as planned, by the estimates: the controller admitted more than the step had room for,
+    which its admission rule never does. Tests assert none; the rest are measured (`harvest bench slo`)."""
+    total_ms = step["latency_ms"] + step["finetune_ms"] + step["idle_wait_ms"]
+    if total_ms <= tpot_slo_ms:
+        return None
+    spent_ms = step["latency_ms"]
+    if spent_ms > tpot_slo_ms:
+        return "co_run" if step.get("ft_sms") else "decode"
+    for cause, part_ms in (("wait", step["idle_wait_ms"]), ("co_run", step.get("co_run_tail_ms", 0.0)),
+                           ("memory", step.get("memory_ms", 0.0))):
+        spent_ms += part_ms
+        if spent_ms > tpot_slo_ms:
+            return cause
+    return "overrun" if total_ms - step.get("overrun_ms", 0.0) <= tpot_slo_ms else "slice"
 
 
 class SloTracker:

@@ -16,7 +16,7 @@ from harvest.replay.simulated_job import (
     SimulatedUnit,
 )
 from harvest.runtime import _build_controller
-from harvest.step_stats import DecodeStep, SloTracker
+from harvest.step_stats import DecodeStep, SloTracker, miss_cause
 from predictor import Profile, SplitPlanner
 from predictor.synthetic_profile import SHIPPED_PATH
 
@@ -73,6 +73,24 @@ def test_a_batch_arriving_during_an_idle_unit_is_charged_its_wait():
     assert controller.stats()["reaction"]["max_idle_wait_ms"] == pytest.approx(UNIT_MS)
     later = run_step(controller, clock, 10.0)
     assert later.idle_wait_ms == 0.0, "only the batch right after idle units waited"
+
+
+def test_a_unit_that_outruns_its_estimate_is_counted_apart_from_the_plan():
+    """A host stall makes the slice's units take three times their estimate: the step records by how much
+    (overrun_ms), and without it the slice fits what the step left; a miss it causes reads as an overrun."""
+    controller, clock = temporal()
+    controller.on_idle()
+    controller.on_idle()
+    run_step(controller, clock, 1.0, batch_size=1)
+    planned = run_step(controller, clock, 10.0, batch_size=1)
+    assert planned.finetune_ms > 0 and planned.overrun_ms == 0.0
+    controller.job._unit = SimulatedUnit("unit", 3 * UNIT_MS, 3 * UNIT_MS)
+    stalled = run_step(controller, clock, 10.0, batch_size=1)
+    assert stalled.overrun_ms >= 2 * UNIT_MS
+    assert stalled.latency_ms + stalled.finetune_ms - stalled.overrun_ms <= TARGET_MS
+    record = {"latency_ms": stalled.latency_ms, "finetune_ms": stalled.finetune_ms, "idle_wait_ms": 0.0,
+              "overrun_ms": stalled.overrun_ms}
+    assert miss_cause(record, TARGET_MS) in (None, "overrun")
 
 
 def test_temporal_and_spatial_controllers_share_one_interface_and_stats_shape():

@@ -207,6 +207,9 @@ class Controller:
         budget with finetune units, and record the step (step.finetune_tokens, step.is_slo_met)."""
         started = self.clock()
         step.finetune_tokens = self._end_co_run(step)
+        if self._decision_co_ran():
+            step.ft_sms = self._co_run_ft_sms()
+            step.co_run_tail_ms = (self.clock() - started) * 1e3
         target_ms = self.slo.tpot_slo_ms
         if self._decision is not None:
             self.planner.observe(self._decision, step.latency_ms)
@@ -231,7 +234,9 @@ class Controller:
             budget_ms = max(0.0, stretch_budget_ms)
             self.num_slices_cut_for_growth += 1
         # Reclaiming KV for decode always happens; growing the job's window only where the slice has room.
+        memory_started = self.clock()
         did_memory_work = self._rebalance_memory(kv_demand_slots, can_grow=budget_ms > 0)
+        step.memory_ms = (self.clock() - memory_started) * 1e3 if did_memory_work else 0.0
         self.job.poll()
         ran_any = False
         admit_ms = budget_ms - self.slice_reserve_ms
@@ -248,6 +253,7 @@ class Controller:
             if result is None:
                 break
             excess_ms = max(excess_ms, result.duration_ms - estimate_ms)
+            step.overrun_ms += max(0.0, result.duration_ms - estimate_ms)
             ran_any = True
             step.finetune_tokens += result.num_trained_tokens
             self.num_units_in_slack += 1
@@ -362,6 +368,9 @@ class Controller:
 
     def _decision_co_ran(self) -> bool:
         return self._decision is not None and self._decision.ft_sms > 0
+
+    def _co_run_ft_sms(self) -> int:
+        return self._decision.ft_sms
 
     def _rebalance_memory(self, kv_demand_slots: int, can_grow: bool = True) -> bool:
         """Reclaim lent KV memory decode needs, else grow the job's window; True if it did any work."""

@@ -84,6 +84,9 @@ class SpatialController(Controller):
     def _decision_co_ran(self) -> bool:
         return self._partition is not None and self._partition[1] > 0
 
+    def _co_run_ft_sms(self) -> int:
+        return self._partition[1]
+
     def _hand_over(self) -> None:
         self._may_run.set()
 
