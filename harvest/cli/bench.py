@@ -19,6 +19,7 @@ BENCH_MODULES = {
     "serve": "harvest.bench.serve",
     "pd": "harvest.deploy.bench_pd",
     "colocate": "harvest.bench.colocate",
+    "slo": "harvest.bench.slo",
 }
 
 
