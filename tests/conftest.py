@@ -3,6 +3,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import httpx
 import pytest
 from hypothesis import settings
 
@@ -18,15 +19,49 @@ settings.register_profile("harvest", deadline=None)
 settings.load_profile("harvest")
 
 
+# The bound on one test (its module's fixtures included) by its kind, each at least 3x the slowest run seen
+# (tests/durations.txt); pytest's `timeout` in pyproject.toml bounds the rest.
+TIMEOUT_S_BY_MARK = {"bundle": 1800, "sglang": 900, "trainer": 300}
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    if torch.cuda.is_available():
-        return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; this host has none")
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+        if item.get_closest_marker("timeout") is None:
+            bounds = [s for mark, s in TIMEOUT_S_BY_MARK.items() if mark in item.keywords]
+            if bounds:
+                item.add_marker(pytest.mark.timeout(max(bounds)))
+
+
+_running: list[pytest.Item] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _running[:] = [item]  # before its fixtures, so a module fixture's worker is checked against its first test
+
+
+def pytest_configure(config):
+    """`make check` leaves out `sglang` and `trainer` tests: a test that starts a worker or a trainer without
+    its mark would slow the developer's loop, so the start fails, naming the mark it needs."""
+    from harvest.worker.process import WorkerProcess
+
+    launch = WorkerProcess.launch
+
+    def checked_launch(self):
+        marks = {m.name for m in _running[0].iter_markers()} if _running else {"sglang"}
+        text = " ".join(self.argv)
+        needs = ("trainer" if "llamafactory" in text or "harvest.cli.main finetune" in text
+                 else "sglang" if "sglang" in text or "harvest.cli.main serve" in text else None)
+        if needs and not marks & {needs, "sglang", "bundle"}:
+            raise AssertionError(f"{_running[0].nodeid} starts {' '.join(self.argv[:5])}: mark it {needs}")
+        return launch(self)
+
+    WorkerProcess.launch = checked_launch
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +98,17 @@ def harvest_cli():
 
 
 def wait_for_stats(admin_url: str, predicate: Callable[[dict], bool], what: str, timeout_s: float = 300.0) -> dict:
-    """Poll /harvest/stats until `predicate` holds; a finetune job that failed meanwhile ends the wait at once."""
+    """Poll /harvest/stats until `predicate` holds. Retried only while nothing answers (the worker is starting):
+    an error answer (a bug in a stats path) or a finetune job that failed meanwhile ends the wait at once."""
     deadline = time.monotonic() + timeout_s
     while True:
-        stats = read_stats(admin_url)
+        try:
+            stats = read_stats(admin_url)
+        except httpx.ConnectError:  # nothing listens yet (a worker starting): wait; an error answer raises
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
         if predicate(stats):
             return stats
         finetune = stats.get("finetune") or {}
@@ -82,3 +124,13 @@ def lora_state_dict(engine) -> dict:
     from peft import get_peft_model_state_dict
 
     return {k: v.detach().to("cpu").clone() for k, v in get_peft_model_state_dict(engine.peft_model).items()}
+
+
+def pytest_sessionfinish(session):
+    """The fault cases' figures, written per case by the test processes, merged once by the controlling one."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from faults.figures import CASES_DIR, merge
+
+    if CASES_DIR.exists() and any(CASES_DIR.glob("*.json")):
+        merge()

@@ -39,6 +39,7 @@ def test_port_in_use(harvest_cli, tiny_model_dir):
         assert_one_line_error(result, "--admin-port", str(port))
 
 
+@pytest.mark.sglang
 def test_admin_port_taken_while_the_worker_starts_stops_it_with_one_line(harvest_cli, tiny_model_dir):
     """The port is free when `harvest serve` checks it and taken before the scheduler binds it (another
     process got it while the model loaded): the worker stops, the CLI names the port, no process is left.

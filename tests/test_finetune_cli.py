@@ -50,6 +50,7 @@ def test_finetune_cli_trains_logs_and_writes_a_peft_adapter(tmp_path, capsys):
     assert [record["step"] for record in log] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.trainer
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     """Pins kill -9 safety: checkpoints are renamed into place whole, and --resume replays the data order."""
     import signal
