@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -224,9 +223,9 @@ def test_reserve_formula_limits_lending():
         allocator.close()
 
 
-def test_reclaim_shrinks_finetune_and_returns_chunks_within_one_decode_step():
+def test_reclaim_shrinks_finetune_and_returns_chunks_in_one_call():
     """Forces KV pressure under the reserve while every lent chunk is busy: one maybe_reclaim() call asks
-    the finetune side to shrink once and hands the freed chunk back, well inside one TPOT."""
+    the finetune side to shrink once and hands the freed chunk back (its time is `harvest bench allocator`'s)."""
     config = small_config(release_ms=20.0, tpot_target_ms=50.0, max_batch=64)
     allocator, slots, _, _ = build(config)
     try:
@@ -235,12 +234,9 @@ def test_reclaim_shrinks_finetune_and_returns_chunks_within_one_decode_step():
         allocator.set_reclaim_callback(lambda: (allocator.free_tensor(window.pop()), True)[1])
         held = slots.alloc(slots.available_size() - config.reserve_slots + 5)
         assert held is not None and slots.available_size() < config.reserve_slots
-        start = time.perf_counter()
         returned = allocator.maybe_reclaim()
-        elapsed_ms = (time.perf_counter() - start) * 1e3
         assert returned == 1 and allocator.num_shrink_calls == 1
         assert slots.available_size() >= config.reserve_slots
-        assert elapsed_ms < config.tpot_target_ms
     finally:
         allocator.close()
 

@@ -38,10 +38,11 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
     num_requests = result["windows"]["ci"]["num_requests"]
     for row, run in runs.items():
         assert run["num_requests"] == num_requests and run["num_unfinished_requests"] == 0, (row, run["notes"])
-        assert run["num_steps"] > 0 and 0.0 <= run["steps_within_target"] <= 1.0, row
+        assert run["num_steps"] > 0, row
         assert 0 < run["tpot_ms_p50"] <= run["tpot_ms_p99"] and run["replay_s"] > 0, row
-        replay = json.loads(Path(run["replay_results"]).read_text())
-        assert replay["policies"]["live"]["decode"]["num_steps"] == run["num_steps"], row
+        replay = json.loads(Path(run["replay_results"]).read_text())["policies"]["live"]["decode"]
+        assert replay["num_steps"] == run["num_steps"], row
+        assert run["steps_within_target"] == replay["step_slo_attainment"], row  # the row is its replay's
     assert runs["decode-alone"]["finetune_tokens_per_s"] is None
     # --dtype reaches every worker: served in the job's float32, the harvest rows' job computes on the served weights.
     assert {row: run["base_weights"] for row, run in runs.items()} == {

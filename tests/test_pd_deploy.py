@@ -146,22 +146,49 @@ def test_burst_through_the_router_reclaims_lent_chunks_with_exact_outputs(deploy
 def test_live_replay_through_the_router(deployment, tmp_path, harvest_cli):
     """`harvest replay --target ROUTER --admin DECODE_ADMIN` is a real PD replay: every request is prefilled,
     transferred and decoded (all tokens back, none failed), and the steps and the job's progress come from
-    harvest's decode worker."""
+    harvest's decode worker: its own step records, read here apart from the replay, account for every token
+    and give the report's attainment. (The replay's logic without SGLang: tests/test_replay_live.py.)"""
     import json
     import subprocess
 
+    import numpy as np
+
+    from harvest.worker.client import read_steps_since
+    from traces.trace_loader import load_trace
+
+    trace_name, max_context, max_generated, tpot_ms = "poisson:rate=2,duration=3,seed=1", 64, 8, 500
+    expected = load_trace(trace_name).cap_lengths(max_context, max_generated)
+    wait_for_stats(deployment.admin_url, lambda s: s["finetune"].get("step", 0) >= 1, "the first finetune step")
+    before = read_stats(deployment.admin_url)["decode"]
+    since = before["decode_steps"]
     out = tmp_path / "replay"
-    proc = subprocess.run([*harvest_cli, "replay", "--trace", "poisson:rate=2,duration=3,seed=1",
-                           "--max-context-tokens", "64", "--max-generated-tokens", "8", "--concurrency", "4",
-                           "--tpot-ms", "500", "--target", deployment.url, "--admin", deployment.admin_url,
-                           "--out", str(out), "--no-plots"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([*harvest_cli, "replay", "--trace", trace_name, "--max-context-tokens", str(max_context),
+                           "--max-generated-tokens", str(max_generated), "--concurrency", "4",
+                           "--tpot-ms", str(tpot_ms), "--target", deployment.url, "--admin", deployment.admin_url,
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    live = json.loads((out / "results.json").read_text())["policies"]["live"]
+    decoded = expected.num_generated_tokens - expected.num_requests
+    wait_for_stats(deployment.admin_url, lambda s: s["decode"]["decode_tokens"] >= before["decode_tokens"] + decoded,
+                   "the replay's last steps recorded", timeout_s=30)
+    steps = read_steps_since(deployment.admin_url, since)
+    results = json.loads((out / "results.json").read_text())
+    assert results["mode"] == "live" and results["target"] == deployment.url
+    live = results["policies"]["live"]
     decode = live["decode"]
-    assert decode["num_requests"] > 0 and decode["num_failed_requests"] == 0
+    assert decode["num_requests"] == expected.num_requests > 0 and decode["num_failed_requests"] == 0
     assert decode["num_unfinished_requests"] == 0
-    assert decode["num_tokens_returned"] == decode["num_tokens_asked"]
+    assert decode["num_tokens_returned"] == decode["num_tokens_asked"] == expected.num_generated_tokens
+    # Steps decode every token but each request's first, which comes with its prefill.
+    assert decode["num_tokens"] == sum(s["batch_size"] for s in steps) == decoded
+    assert decode["num_steps"] == len(steps)
+    within = [s["latency_ms"] + s["finetune_ms"] + s["idle_wait_ms"] <= tpot_ms for s in steps]
+    assert decode["step_slo_attainment"] == pytest.approx(sum(within) / len(within))
+    assert 0 < decode["tpot_ms_p50"] <= decode["tpot_ms_p90"] <= decode["tpot_ms_p99"]
     assert live["finetune"]["num_steps"] is not None
+    assert live["finetune"]["tokens_per_s"] > 0 and live["finetune"]["samples_per_s"] > 0, live["finetune"]
+    assert len(live["tpot_cdf_ms"]) > 0 and np.all(np.diff(live["tpot_cdf_ms"]) >= 0)
+    for name in ("tpot_cdf.png", "finetune_throughput.png", "sm_split_latency.png", "memory_window.png"):
+        assert (out / name).stat().st_size > 1000
 
 
 def peft_greedy(model_dir, adapter_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:

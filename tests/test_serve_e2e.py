@@ -95,10 +95,6 @@ def assert_stops_cleanly(worker: WorkerProcess, sig: signal.Signals) -> None:
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_worker_stops_cleanly_on_sigint(tiny_model_dir, tmp_path):
-    assert_stops_cleanly(start_worker(tiny_model_dir, tmp_path, "SIGINT"), signal.SIGINT)
-
-
-def test_worker_stops_cleanly_on_sigterm(worker):
-    """On the module's worker, so it runs last."""
-    assert_stops_cleanly(worker, signal.SIGTERM)
+def test_worker_stops_cleanly_on_sigint(worker):
+    """On the module's worker, so it runs last. SIGTERM with requests in flight: tests/faults."""
+    assert_stops_cleanly(worker, signal.SIGINT)
