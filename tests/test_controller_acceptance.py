@@ -90,7 +90,8 @@ def test_harvest_keeps_decode_alones_attainment_on_a_recorded_host(recording, pr
     numbers = (f"{mode}: {within:.4%} of {len(missed)} steps within {TPOT_SLO_MS} ms against decode alone's "
                f"{alone_within:.4%}; misses {int(missed.sum())}, {int(by_job.sum())} of them by the job "
                f"(steps {np.flatnonzero(by_job).tolist()[:10]}); {slice_s:.1f} s of finetune in slices, "
-               f"{run.ft_tokens:.0f} tokens, unit estimates {controller.unit_time_stats()}")
+               f"{run.ft_tokens:.0f} tokens; admitted at (ms): "
+               f"{ {kind: t['admit_ms'] for kind, t in controller.unit_time_stats().items()} }")
     assert alone_within < 0.99, "the recording's loaded host must make decode alone miss: " + numbers
     assert within >= alone_within - ATTAINMENT_TOLERANCE, numbers
     assert by_job.sum() <= MAX_JOB_MISS_FRACTION * len(missed), numbers
