@@ -2,7 +2,7 @@
 simulator runs it) and SplitPlanner on a simulated clock, the device's decode step times and finetune unit
 times replayed from what real workers on this CPU host measured (eval/recordings/README.md: a quiet host
 with a 1.9 s stall, a loaded host where decode alone misses the target, each unit kind's first-time
-warm-up of 187-214 ms against a p50 of 1.4-22 ms, a 1.46 s unit stall). No SGLang worker and no wall
+warm-up of 187-214 ms against a p50 of 1.4-22 ms, a 1.46 s unit stall in the job's second optimizer step). No SGLang worker and no wall
 clock: the numbers are the same on every run and host.
 
 Pins what the live e2e SLO test judged, and fails with either known defect put back: the warm-up counted
@@ -27,18 +27,19 @@ from traces.trace_loader import load_trace
 ROOT = Path(__file__).resolve().parents[1]
 RECORDING = ROOT / "eval" / "recordings" / "cpu-smollm2-135m.json.gz"
 TPOT_SLO_MS = 500.0
-ATTAINMENT_TOLERANCE = 0.005
-"""harvest keeps within half a point of decode alone's share of steps within the target on the same recorded
-host (current code: 0.35 and 0.36 points under; the batch-spread bound reverted: 1.23 and 1.64)."""
+ATTAINMENT_TOLERANCE = 0.01
+"""harvest keeps within a point of decode alone's share of steps within the target on the same recorded host
+(current code: 0.74 and 0.12 points under, the unit stall's slice and the batches it held up included; the
+batch-spread bound reverted: 1.18 and 2.01)."""
 MAX_JOB_MISS_FRACTION = 0.001
 """Steps over the target whose decode alone was within it (the slice or an idle unit's wait made them miss):
-at most the 0.1 % harvest aims at (current code: none)."""
+at most the 0.1 % harvest aims at (current code: 1 of ~2000, the slice the 1.46 s unit stall ran in)."""
 
-# (profile, mode, least seconds of finetune in slices): the floors are ~80 % of today's 9.9 and 6.6 s; with
-# the warm-up counted the job waits for idle turns and gets 4.2 and 4.0 s.
+# (profile, mode, fewest finetune units run in slices): today 612 and 497; with the warm-up counted the job
+# waits for idle turns and runs 427 and 424.
 CASES = [
-    ("cpu-smollm2-135m", "temporal", 8.0),
-    ("cpu-cores-smollm2-135m", "spatial", 5.3),
+    ("cpu-smollm2-135m", "temporal", 520),
+    ("cpu-cores-smollm2-135m", "spatial", 460),
 ]
 
 
@@ -73,8 +74,8 @@ def test_the_recording_holds_the_outliers_the_live_test_met(recording):
     assert first["embed"] > 100 * embed[len(embed) // 2]
 
 
-@pytest.mark.parametrize("profile_name, mode, min_slice_s", CASES)
-def test_harvest_keeps_decode_alones_attainment_on_a_recorded_host(recording, profile_name, mode, min_slice_s):
+@pytest.mark.parametrize("profile_name, mode, min_slice_units", CASES)
+def test_harvest_keeps_decode_alones_attainment_on_a_recorded_host(recording, profile_name, mode, min_slice_units):
     profile = Profile.load(ROOT / "predictor" / "profiles" / f"{profile_name}.json")
     trace = busy_trace()
     alone, _ = simulate(profile, "separate", trace, recording)
@@ -89,13 +90,16 @@ def test_harvest_keeps_decode_alones_attainment_on_a_recorded_host(recording, pr
     slice_s = controller.finetune_ms_in_slack / 1e3
     numbers = (f"{mode}: {within:.4%} of {len(missed)} steps within {TPOT_SLO_MS} ms against decode alone's "
                f"{alone_within:.4%}; misses {int(missed.sum())}, {int(by_job.sum())} of them by the job "
-               f"(steps {np.flatnonzero(by_job).tolist()[:10]}); {slice_s:.1f} s of finetune in slices, "
+               f"(steps {np.flatnonzero(by_job).tolist()[:10]}); {controller.num_units_in_slack} units in "
+               f"slices ({slice_s:.1f} s), {controller.num_units_idle} in idle turns, "
                f"{run.ft_tokens:.0f} tokens; admitted at (ms): "
                f"{ {kind: t['admit_ms'] for kind, t in controller.unit_time_stats().items()} }")
     assert alone_within < 0.99, "the recording's loaded host must make decode alone miss: " + numbers
+    longest = max(range(len(recording.units)), key=lambda i: recording.units[i].duration_ms)
+    assert policy.job.num_units_run > longest, "the job must reach the recorded unit stall: " + numbers
     assert within >= alone_within - ATTAINMENT_TOLERANCE, numbers
     assert by_job.sum() <= MAX_JOB_MISS_FRACTION * len(missed), numbers
-    assert slice_s >= min_slice_s, numbers
+    assert controller.num_units_in_slack >= min_slice_units, numbers
     assert run.ft_tokens > 0, numbers
 
 

@@ -99,6 +99,7 @@ class RecordedJob:
         self._units = recording.units
         self._wrap_to = min(recording.first_repeat_index, len(self._units) - 1)
         self._next = 0
+        self.num_units_run = 0
         self.max_unit_ms = recording.max_unit_ms
 
     def poll(self) -> None:
@@ -113,6 +114,7 @@ class RecordedJob:
     def run_unit(self) -> SimulatedUnit:
         unit = self._units[self._next]
         self._next = self._next + 1 if self._next + 1 < len(self._units) else self._wrap_to
+        self.num_units_run += 1
         self.clock.advance_ms(unit.duration_ms)
         return unit
 
