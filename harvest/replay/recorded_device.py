@@ -74,7 +74,7 @@ class RecordedDecodeNoise:
     """The device's error from the profile as recorded, by the time a step starts (in place of log-normal
     noise)."""
 
-    __slots__ = ("_ratios", "_ends_s", "_span_s")
+    __slots__ = ("_ends_s", "_ratios", "_span_s")
 
     def __init__(self, recording: Recording, latency_model, infer_sms: int) -> None:
         self._ratios = recording.decode_ratios(latency_model, infer_sms)
