@@ -7,8 +7,9 @@ tokens), and the recorded steps are laid end to end as a timeline of the host; a
 time t takes the profile's prediction at its shape times the ratio of the recorded step running at t (the
 timeline cycling). A slow or loaded host, a stall, the spread of one batch size: all are in the ratio, they
 carry over to the batch sizes the simulated load makes, and every policy meets them at the same moments
-(indexed by step, a policy that takes fewer steps would meet less of a loaded stretch). Units: the recorded units (kind, time, trained tokens) in order; on
-wrapping, each kind's first unit (the process's warm-up of it) is not replayed again.
+(indexed by step, a policy that takes fewer steps would meet less of a loaded stretch).
+Units: the recorded units (kind, time, trained tokens) in order; on wrapping, each kind's first unit (the
+process's warm-up of it) is not replayed again.
 """
 
 import bisect
