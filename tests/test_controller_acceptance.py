@@ -2,8 +2,9 @@
 simulator runs it) and SplitPlanner on a simulated clock, the device's decode step times and finetune unit
 times replayed from what real workers on this CPU host measured (eval/recordings/README.md: a quiet host
 with a 1.9 s stall, a loaded host where decode alone misses the target, each unit kind's first-time
-warm-up of 187-214 ms against a p50 of 1.4-22 ms, a 1.46 s unit stall in the job's second optimizer step). No SGLang worker and no wall
-clock: the numbers are the same on every run and host.
+warm-up of 187-214 ms against a p50 of 1.4-22 ms, a 1.46 s unit stall in the job's second optimizer step).
+No SGLang worker and no wall clock: the numbers are the same on every run and host (eval/README.md,
+"Controller acceptance on a recorded host", has them, and with each defect below).
 
 Pins what the live e2e SLO test judged, and fails with either known defect put back: the warm-up counted
 in a kind's estimate (reverted e0d9583: embed priced at ~10^6 ms, the job waits for idle turns) and the
@@ -18,8 +19,9 @@ import pytest
 from harvest.replay.colocation_policies import POLICY_CLASSES
 from harvest.replay.decode_simulator import DecodeSimulator
 from harvest.replay.finetune_rates import FinetuneRates
-from harvest.replay.recorded_device import Recording
+from harvest.replay.recorded_device import RecordedDecodeNoise, RecordedJob, Recording
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
+from harvest.replay.simulated_job import SimClock, SimulatedUnit
 from predictor import Profile
 from traces.trace import Trace
 from traces.trace_loader import load_trace
@@ -110,3 +112,23 @@ def test_the_same_numbers_every_run(recording):
     first, second = (simulate(profile, "harvest", trace, recording)[0] for _ in range(2))
     assert np.array_equal(first.step_latency_ms, second.step_latency_ms)
     assert first.ft_tokens == second.ft_tokens
+
+
+def test_a_recorded_job_replays_units_in_order_and_each_warm_up_once():
+    """Wrapping past the end replays the units after every kind's first: a process warms a kind up once."""
+    units = tuple(SimulatedUnit(k, ms, 0.0) for k, ms in [("a", 100.0), ("b", 50.0), ("a", 1.0), ("b", 2.0)])
+    job = RecordedJob(SimClock(), Recording("r", ((1, 1, 1.0),), units, 10.0))
+    times = [job.run_unit().duration_ms for _ in range(6)]
+    assert times == [100.0, 50.0, 1.0, 2.0, 1.0, 2.0]
+    assert job.clock() == pytest.approx(0.156)
+
+
+def test_recorded_decode_follows_the_hosts_timeline():
+    """A step takes the ratio of the recorded step running when it starts, the recording laid end to end and
+    cycling; the ratio is to the profile's prediction at the recorded step's own shape."""
+    profile = Profile.load(ROOT / "predictor" / "profiles" / "cpu-smollm2-135m.json")
+    steps = ((1, 100, 100.0), (4, 800, 300.0))
+    noise = RecordedDecodeNoise(Recording("r", steps, (SimulatedUnit("a", 1.0, 0.0),), 10.0),
+                                profile.latency_model, 1)
+    first, second = (ms / profile.latency_model.predict_solo_ms(1, b, kv / b) for b, kv, ms in steps)
+    assert [noise.at(t) for t in (0.0, 0.099, 0.1, 0.399, 0.45)] == [first, first, second, second, first]
