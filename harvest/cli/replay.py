@@ -55,6 +55,11 @@ def add_parser(subparsers) -> None:
         help="log-normal sigma between profile and simulated device (default 0: exact)",
     )
     sim.add_argument(
+        "--recording", default=None,
+        help="decode and unit times recorded on real workers, replayed in place of the noise (e.g. "
+        "eval/recordings/cpu-smollm2-135m.json.gz; eval/recordings/README.md)",
+    )
+    sim.add_argument(
         "--plan-margin", type=float, default=0.0,
         help="override: harvest and temporal plan for target * (1 - margin) (default 0: temporal plans for the "
         "target, harvest learns its margin online)"

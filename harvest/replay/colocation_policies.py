@@ -1,11 +1,12 @@
 """How the decode device shares its SMs and memory with the finetune job, one class per policy.
 
 Each policy turns one decode step's shape into the step's time and the finetune work done meanwhile:
-`step(batch_size, num_kv_tokens, kv_reserved_tokens) -> (elapsed_ms, charged_ms, infer_sms, ft_sms,
+`step(t_s, batch_size, num_kv_tokens, kv_reserved_tokens) -> (elapsed_ms, charged_ms, decode_ms, infer_sms, ft_sms,
 ft_tokens, ft_bytes, window_layers)`, where charged_ms is what counts against the TPOT target (the elapsed
-time plus a wait for an idle-time unit the batch arrived during), and `idle(t_s, until_s) -> (t_s,
-ft_tokens)` runs the device with no batch. The simulated device follows the profile's latency model
-(times log-normal noise when ReplayConfig.latency_noise > 0), so with no noise the profile is exact.
+time plus a wait for an idle-time unit the batch arrived during) and decode_ms the decode forward's part of
+it, and `idle(t_s, until_s) -> (t_s, ft_tokens)` runs the device with no batch. The simulated device follows
+the profile's latency model (times log-normal noise when ReplayConfig.latency_noise > 0, or times the
+recorded ratios of a Recording, recorded_device.py), so with no noise and no recording the profile is exact.
 
 - separate: decode alone on every SM; the finetune job has a device of its own (HARLI SeparateMode).
 - static: a fixed split of SMs and memory, 60/40 by default (HARLI StaticMode); finetune always co-runs.
@@ -24,6 +25,7 @@ import numpy as np
 from base.errors import HarvestError
 from harvest.colocation.controller import TemporalController
 from harvest.replay.finetune_rates import FinetuneRates
+from harvest.replay.recorded_device import RecordedDecodeNoise, RecordedJob, Recording
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
 from harvest.replay.simulated_job import (
     SimClock,
@@ -37,20 +39,31 @@ from predictor import Profile, SplitPlanner
 class ColocationPolicy:
     name = ""
 
-    def __init__(self, profile: Profile, memory: DeviceMemory, rates: FinetuneRates, config: ReplayConfig):
+    def __init__(self, profile: Profile, memory: DeviceMemory, rates: FinetuneRates, config: ReplayConfig,
+                 recording: Recording | None = None):
+        """`recording`: the device's times as real workers measured them (decode steps, and harvest's units);
+        None: the profile, with ReplayConfig.latency_noise."""
         self.profile, self.memory, self.rates, self.config = profile, memory, rates, config
         self.model = profile.latency_model
         self.full_sms = max(self.model.solo.infer_options)
         self.kv_capacity_tokens = memory.kv_capacity_tokens
+        self.recording = recording
         self._rng = random.Random(config.seed)
         self._noise = config.latency_noise
+        self._recorded = None if recording is None else RecordedDecodeNoise(
+            recording, self.model, self.full_sms)
         # HARLI sec. 4.4: keep free the KV decode may need while one layer is copied back to the host.
         swap_ms = memory.ft_layer_bytes / memory.host_link_bytes_per_s * 1e3
         self.reserve_tokens = math.ceil(swap_ms / config.tpot_slo_ms * config.max_running_requests)
 
-    def device_ms(self, infer_sms: int, ft_sms: int, batch_size: int, seq_len: float) -> float:
-        ms = self.model.predict_colo_ms(infer_sms, ft_sms, batch_size, seq_len)
-        return ms * self._rng.lognormvariate(0.0, self._noise) if self._noise else ms
+    def device_ms(self, t_s: float, infer_sms: int, ft_sms: int, batch_size: int, seq_len: float) -> float:
+        return self.model.predict_colo_ms(infer_sms, ft_sms, batch_size, seq_len) * self.noise(t_s)
+
+    def noise(self, t_s: float) -> float:
+        """The device's error from the profile on a step starting at t_s: recorded, drawn, or none."""
+        if self._recorded is not None:
+            return self._recorded.at(t_s)
+        return self._rng.lognormvariate(0.0, self._noise) if self._noise else 1.0
 
     def lent_window(self, kv_reserved_tokens: int) -> tuple[int, int]:
         """(finetune bytes, window layers) the unreserved KV memory holds; (0, 0) if below the minimum."""
@@ -65,7 +78,7 @@ class ColocationPolicy:
         """Finetune speed on the decode device while no request is running."""
         return self.rates.whole_device_tokens_per_s if self.lent_window(0)[1] else 0.0
 
-    def step(self, batch_size: int, num_kv_tokens: int, kv_reserved_tokens: int) -> tuple:
+    def step(self, t_s: float, batch_size: int, num_kv_tokens: int, kv_reserved_tokens: int) -> tuple:
         raise NotImplementedError
 
     def idle(self, t_s: float, until_s: float) -> tuple[float, float]:
@@ -79,16 +92,16 @@ class SeparatePolicy(ColocationPolicy):
     def idle_tokens_per_s(self) -> float:
         return 0.0
 
-    def step(self, batch_size, num_kv_tokens, kv_reserved_tokens):
-        ms = self.device_ms(self.full_sms, 0, batch_size, num_kv_tokens / batch_size)
-        return ms, ms, self.full_sms, 0, 0.0, 0, 0
+    def step(self, t_s, batch_size, num_kv_tokens, kv_reserved_tokens):
+        ms = self.device_ms(t_s, self.full_sms, 0, batch_size, num_kv_tokens / batch_size)
+        return ms, ms, ms, self.full_sms, 0, 0.0, 0, 0
 
 
 class StaticPolicy(ColocationPolicy):
     name = "static"
 
-    def __init__(self, profile, memory, rates, config):
-        super().__init__(profile, memory, rates, config)
+    def __init__(self, profile, memory, rates, config, recording=None):
+        super().__init__(profile, memory, rates, config, recording)
         if not self.model.has_colo:
             raise HarvestError(
                 f"static needs a spatial split, and the profile of {profile.device_name} has one partition "
@@ -109,37 +122,40 @@ class StaticPolicy(ColocationPolicy):
     def idle_tokens_per_s(self) -> float:
         return self.rates.solo(self.ft_sms) if self.window else 0.0
 
-    def step(self, batch_size, num_kv_tokens, kv_reserved_tokens):
+    def step(self, t_s, batch_size, num_kv_tokens, kv_reserved_tokens):
         ft_sms = self.ft_sms if self.window else 0
-        ms = self.device_ms(self.infer_sms, ft_sms, batch_size, num_kv_tokens / batch_size)
-        return ms, ms, self.infer_sms, ft_sms, self.colo_tokens_per_s * ms / 1e3, self.ft_bytes, self.window
+        ms = self.device_ms(t_s, self.infer_sms, ft_sms, batch_size, num_kv_tokens / batch_size)
+        return ms, ms, ms, self.infer_sms, ft_sms, self.colo_tokens_per_s * ms / 1e3, self.ft_bytes, self.window
 
 
 class TemporalPolicy(ColocationPolicy):
     name = "temporal"
 
-    def step(self, batch_size, num_kv_tokens, kv_reserved_tokens):
+    def step(self, t_s, batch_size, num_kv_tokens, kv_reserved_tokens):
         seq_len = num_kv_tokens / batch_size
-        decode_ms = self.device_ms(self.full_sms, 0, batch_size, seq_len)
+        decode_ms = self.device_ms(t_s, self.full_sms, 0, batch_size, seq_len)
         ft_bytes, window = self.lent_window(kv_reserved_tokens)
         slack_ms = self.config.plan_target_ms - self.model.predict_solo_ms(self.full_sms, batch_size, seq_len)
         num_units = int(slack_ms // self.rates.unit_ms) if window and slack_ms > 0 else 0
         ft_ms = num_units * self.rates.unit_ms
         ft_tokens = self.rates.whole_device_tokens_per_s * ft_ms / 1e3
-        return decode_ms + ft_ms, decode_ms + ft_ms, self.full_sms, 0, ft_tokens, ft_bytes, window
+        return decode_ms + ft_ms, decode_ms + ft_ms, decode_ms, self.full_sms, 0, ft_tokens, ft_bytes, window
 
 
 class HarvestPolicy(ColocationPolicy):
     name = "harvest"
 
-    def __init__(self, profile, memory, rates, config):
-        super().__init__(profile, memory, rates, config)
+    def __init__(self, profile, memory, rates, config, recording=None):
+        super().__init__(profile, memory, rates, config, recording)
         self.clock = SimClock()
         margin = config.plan_margin if config.plan_margin > 0 else None
         self.planner = SplitPlanner(profile, config.tpot_slo_ms, plan_margin=margin)
-        # The worker sizes units (max_unit_ms) from the profile to fit within its shortest decode step.
-        self.unit_ms = min(rates.unit_ms, self.planner.shortest_step_ms)
-        self.job = SimulatedJob(self.clock, self.unit_ms, rates.whole_device_tokens_per_s)
+        if recording is not None:
+            self.job = RecordedJob(self.clock, recording)
+        else:
+            # The worker sizes units (max_unit_ms) from the profile to fit within its shortest decode step.
+            self.unit_ms = min(rates.unit_ms, self.planner.shortest_step_ms)
+            self.job = SimulatedJob(self.clock, self.unit_ms, rates.whole_device_tokens_per_s)
         slo = SloTracker(config.tpot_slo_ms, window_steps=1000)
         source = f"profile {profile.device_name} (simulated device)"
         if self.model.has_colo:
@@ -148,20 +164,20 @@ class HarvestPolicy(ColocationPolicy):
             self.controller = TemporalController(self.job, self.planner, slo, source, clock=self.clock,
                                                  loop_overhead_ms=0.0)
 
-    def step(self, batch_size, num_kv_tokens, kv_reserved_tokens):
+    def step(self, t_s, batch_size, num_kv_tokens, kv_reserved_tokens):
         ft_bytes, window = self.lent_window(kv_reserved_tokens)
         self.job.is_ready = window > 0
         step = DecodeStep(0, batch_size, num_kv_tokens, self.clock())
         self.controller.before_step(step)
         decision = self.controller.decision
-        decode_ms = self.device_ms(decision.infer_sms, decision.ft_sms, batch_size, num_kv_tokens / batch_size)
+        decode_ms = self.device_ms(t_s, decision.infer_sms, decision.ft_sms, batch_size, num_kv_tokens / batch_size)
         self.clock.advance_ms(decode_ms)
         step.latency_ms = decode_ms
         self.controller.after_step(step)
         elapsed_ms = decode_ms + step.finetune_ms
         ft_sms = decision.ft_sms if window else 0
-        return (elapsed_ms, elapsed_ms + step.idle_wait_ms, decision.infer_sms, ft_sms, step.finetune_tokens,
-                ft_bytes, window)
+        return (elapsed_ms, elapsed_ms + step.idle_wait_ms, decode_ms, decision.infer_sms, ft_sms,
+                step.finetune_tokens, ft_bytes, window)
 
     def idle(self, t_s, until_s):
         """The worker's idle loop: one unit per turn until a request has arrived (it waits for the unit)."""
@@ -183,8 +199,8 @@ class OraclePolicy(ColocationPolicy):
 
     name = "oracle"
 
-    def __init__(self, profile, memory, rates, config):
-        super().__init__(profile, memory, rates, config)
+    def __init__(self, profile, memory, rates, config, recording=None):
+        super().__init__(profile, memory, rates, config, recording)
         solo = self.model.solo
         self.unit_ms = min(rates.unit_ms, SplitPlanner(profile, config.tpot_slo_ms).shortest_step_ms)
         self.unit_tokens = rates.whole_device_tokens_per_s * self.unit_ms / 1e3
@@ -200,19 +216,19 @@ class OraclePolicy(ColocationPolicy):
         self.plateau = solo.plateau_batch_size
         self.target = config.tpot_slo_ms
 
-    def step(self, batch_size, num_kv_tokens, kv_reserved_tokens):
+    def step(self, t_s, batch_size, num_kv_tokens, kv_reserved_tokens):
         ft_bytes, window = self.lent_window(kv_reserved_tokens)
-        noise = self._rng.lognormvariate(0.0, self._noise) if self._noise else 1.0
+        noise = self.noise(t_s)
         padded = max(batch_size, self.plateau)
         ms = (self.b0 * padded + self.c0 + self.k0 * num_kv_tokens) * self.slowdown * noise  # [num_candidates]
         if not window:
-            return ms[0], ms[0], self.full_sms, 0, 0.0, ft_bytes, window
+            return ms[0], ms[0], ms[0], self.full_sms, 0, 0.0, ft_bytes, window
         num_units = np.floor(np.maximum(self.target - ms, 0.0) / self.unit_ms)
         tokens = np.where(ms <= self.target, self.co_run_tokens_per_ms * ms + num_units * self.unit_tokens, -1.0)
         best = int(np.argmax(tokens)) if tokens.max() > 0 else 0
         elapsed = ms[best] + num_units[best] * self.unit_ms
-        return (elapsed, elapsed, int(self.infer_sms[best]), int(self.ft_sms[best]), max(tokens[best], 0.0),
-                ft_bytes, window)
+        return (elapsed, elapsed, ms[best], int(self.infer_sms[best]), int(self.ft_sms[best]),
+                max(tokens[best], 0.0), ft_bytes, window)
 
     def idle(self, t_s, until_s):
         if not self.lent_window(0)[1]:

@@ -29,6 +29,9 @@ class DeviceRun:
     policy: str
     step_end_s: np.ndarray
     step_latency_ms: np.ndarray
+    """What each step is charged against the TPOT target: decode, the finetune time after it, a wait."""
+    step_decode_ms: np.ndarray
+    """The decode forward's part of it: a step over the target with this within it missed because of the job."""
     step_batch_size: np.ndarray
     step_kv_tokens: np.ndarray
     step_infer_sms: np.ndarray
@@ -81,7 +84,8 @@ class DecodeSimulator:
         max_running = policy.config.max_running_requests
         step = policy.step
         on_progress = self.on_progress
-        end_s, lat, bs_, kv_, inf_, ft_, ftb_, win_ = (
+        end_s, lat, dec_, bs_, kv_, inf_, ft_, ftb_, win_ = (
+            array("d"),
             array("d"),
             array("d"),
             array("l"),
@@ -119,11 +123,12 @@ class DecodeSimulator:
                 t, tokens = policy.idle(t, arrival[next_arrival])
                 idle_ft += tokens
                 continue
-            elapsed_ms, ms, infer_sms, ft_sms, ft_tokens, ft_bytes, window = step(batch_size, kv_tokens, kv_reserved)
+            elapsed_ms, ms, decode_ms, infer_sms, ft_sms, ft_tokens, ft_bytes, window = step(
+                t, batch_size, kv_tokens, kv_reserved)
             t += elapsed_ms / 1e3
             busy_ft += ft_tokens
             num_steps += 1
-            end_s.append(t), lat.append(ms), bs_.append(batch_size), kv_.append(kv_tokens)
+            end_s.append(t), lat.append(ms), dec_.append(decode_ms), bs_.append(batch_size), kv_.append(kv_tokens)
             inf_.append(infer_sms), ft_.append(ft_sms), ftb_.append(ft_bytes), win_.append(window)
             kv_tokens += batch_size
             while finishing and finishing[0][0] == num_steps:
@@ -142,6 +147,7 @@ class DecodeSimulator:
             policy.name,
             np.frombuffer(end_s, dtype=np.float64),
             np.frombuffer(lat, dtype=np.float64),
+            np.frombuffer(dec_, dtype=np.float64),
             np.asarray(bs_),
             np.asarray(kv_),
             np.asarray(inf_),

@@ -45,6 +45,7 @@ class ReplayRunConfig:
     static_share: float = 0.6
     max_running_requests: int = 256
     latency_noise: float = 0.0
+    recording: str | None = None
     plan_margin: float = 0.0
     seed: int = 0
 
@@ -98,6 +99,7 @@ def run_replay(config: ReplayRunConfig, console) -> tuple[dict, list[Path]]:
 def _simulate(config: ReplayRunConfig, trace, console) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from harvest.replay.recorded_device import Recording
     from harvest.replay.replay_config import POLICIES, DeviceMemory, ReplayConfig
     from harvest.replay.replay_simulation import ReplaySimulation
     from predictor import Profile
@@ -116,7 +118,8 @@ def _simulate(config: ReplayRunConfig, trace, console) -> dict:
         plan_margin=config.plan_margin,
         seed=config.seed,
     )
-    simulation = ReplaySimulation(profile, memory, replay_config, profile_path)
+    recording = None if config.recording is None else Recording.load(config.recording)
+    simulation = ReplaySimulation(profile, memory, replay_config, profile_path, recording)
     span_s = max(trace.duration_s, 1e-9)
     with Progress(
         TextColumn("simulating {task.description}"),

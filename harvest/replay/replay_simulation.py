@@ -11,6 +11,7 @@ from harvest.replay.colocation_policies import POLICY_CLASSES
 from harvest.replay.decode_simulator import DecodeSimulator, DeviceRun
 from harvest.replay.finetune_rates import FinetuneRates
 from harvest.replay.policy_summary import SCHEMA_VERSION, summarize_policy
+from harvest.replay.recorded_device import Recording
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
 from predictor import Profile
 from predictor.synthetic_profile import is_synthetic
@@ -30,8 +31,12 @@ FLEET = (
 
 
 class ReplaySimulation:
-    def __init__(self, profile: Profile, memory: DeviceMemory, config: ReplayConfig, profile_path: str = ""):
+    def __init__(self, profile: Profile, memory: DeviceMemory, config: ReplayConfig, profile_path: str = "",
+                 recording: Recording | None = None):
+        """`recording`: the device's decode and unit times as real workers measured them (recorded_device.py);
+        None: the profile's, with config.latency_noise."""
         self.profile, self.memory, self.config, self.profile_path = profile, memory, config, profile_path
+        self.recording = recording
         self.rates = FinetuneRates.from_profile(profile)
 
     def num_device_runs(self) -> int:
@@ -102,6 +107,7 @@ class ReplaySimulation:
                 "latency_noise": self.config.latency_noise,
                 "plan_margin": self.config.plan_margin,
                 "seed": self.config.seed,
+                "recording": None if self.recording is None else self.recording.name,
             },
             "fleet": FLEET,
             "notes": self.notes(),
@@ -127,7 +133,7 @@ class ReplaySimulation:
         num_devices = NUM_DECODE_DEVICES[name]
         runs = []
         for device in range(num_devices):
-            policy = POLICY_CLASSES[name](self.profile, self.memory, self.rates, self.config)
+            policy = POLICY_CLASSES[name](self.profile, self.memory, self.rates, self.config, self.recording)
             report = None if on_progress is None else (lambda t, name=name: on_progress(name, t))
             ids = np.arange(device, trace.num_requests, num_devices)
             runs.append(DecodeSimulator(policy, report).run(trace, ids))
@@ -161,6 +167,9 @@ class ReplaySimulation:
             )
         if self.rates.samples_per_token is None:
             notes.append("samples/s not reported: the profile recorded no measured samples/s (samples_per_s_solo)")
-        if self.config.latency_noise == 0:
+        if self.recording is not None:
+            notes.append(f"the simulated device's decode and unit times are recorded ones ({self.recording.name}), "
+                         "scaled to each step's shape by the profile")
+        elif self.config.latency_noise == 0:
             notes.append("the simulated device follows the profile exactly (latency_noise 0)")
         return notes
