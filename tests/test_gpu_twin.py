@@ -28,7 +28,7 @@ BACKEND_FILES = {"fa3": "sgl_kernel/flash_ops.abi3.so", "flashmla": "sgl_kernel/
 
 
 def _clear_sglang_device_caches() -> None:
-    import sglang.srt.utils.common as common
+    from sglang.srt.utils import common
 
     for value in vars(common).values():
         if hasattr(value, "cache_clear"):  # is_cuda, is_hopper_with_cuda_12_3, ... are lru_cached
@@ -47,8 +47,8 @@ def h100():
     """torch and the driver look like one H100 with CUDA 13.0 (torch 2.11.0+cu130, as on the lent host)."""
     ensure_driver_or_stub()  # sgl_kernel links libcuda.so.1; it imports here as on a CPU host, before the patch
     import sglang.srt.server_args  # noqa: F401
-    import sglang.srt.utils.common as common
     import torch
+    from sglang.srt.utils import common
 
     facts = {"is_available": lambda: True, "device_count": lambda: 1, "current_device": lambda: 0,
              "get_device_capability": lambda device=None: (H100.major, H100.minor),
@@ -94,6 +94,12 @@ def model(job):
     import yaml
 
     return yaml.safe_load(job.read_text())["model_name_or_path"]
+
+
+def _deploy_config(model: str, log_dir, serve_args: tuple[str, ...] = ()) -> DeployConfig:
+    ports = dict(zip(["router_port", "router_metrics_port", "prefill_port", "bootstrap_port", "decode_port",
+                      "admin_port", "first_transfer_port"], free_deploy_ports()))
+    return DeployConfig(model_path=model, log_dir=log_dir, serve_args=serve_args, **ports)
 
 
 def _ports() -> list[str]:
@@ -151,9 +157,7 @@ def test_user_flags_win(model, monkeypatch):
 def test_under_deploy(model, job, with_job, tmp_path, monkeypatch):
     """The decode worker `harvest deploy` starts (its `harvest serve` argv) and its prefill worker."""
     serve_args = ("--finetune", str(job), "--tpot-slo-ms", "40") if with_job else ()
-    ports = dict(zip(["router_port", "router_metrics_port", "prefill_port", "bootstrap_port", "decode_port",
-                      "admin_port", "first_transfer_port"], free_deploy_ports()))
-    config = DeployConfig(model_path=model, log_dir=tmp_path, serve_args=serve_args, **ports)
+    config = _deploy_config(model, tmp_path, serve_args)
     deployment = PDDeployment(config, is_cpu_host=False)
     decode_argv = deployment.decode.argv
     assert decode_argv[1:4] == ["-m", "harvest.cli.main", "serve"]
@@ -167,3 +171,17 @@ def test_under_deploy(model, job, with_job, tmp_path, monkeypatch):
     with h100():
         prefill_args = parse_sglang_args(prefill_argv[3:])
     assert_no_problems(prefill_args, "mooncake")
+
+
+def test_deploy_needs_mooncake_installed(model, tmp_path, monkeypatch):
+    """Pins that `harvest deploy` names a missing mooncake in one line before starting anything (the GPU bundle
+    carries none), forced by hiding the module."""
+    import importlib.util
+
+    from base.errors import HarvestError
+    from harvest.cli.deploy import prepare_deployment
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mooncake" else find_spec(name, *a))
+    with pytest.raises(HarvestError, match="mooncake is not installed"):
+        prepare_deployment(_deploy_config(model, tmp_path))
