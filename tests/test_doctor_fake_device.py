@@ -218,3 +218,11 @@ def test_libnuma_probe_loads_a_real_library():
     from harvest.doctor.gpu_stack_checks import _loads
 
     assert _loads("libc.so.6") and not _loads("libharvest-no-such-library.so.1")
+
+
+def test_gpu_handoff_runs_the_forward_on_a_green_context_stream(fake_device):
+    """Pins defect 4 (c): the hand-off check used two ordinary streams; spatial decode runs on a partition's
+    green-context stream, so the check now forwards on one (a context is made for it)."""
+    from harvest.doctor.gpu_partition_checks import gpu_handoff
+
+    assert gpu_handoff()["status"] == PASS and len(fake_device.contexts) >= 1

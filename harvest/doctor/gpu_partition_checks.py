@@ -133,9 +133,9 @@ def gpu_confine() -> dict:
 
 
 def gpu_handoff() -> dict:
-    """Inputs written late on a schedule stream, forward on a partition stream, `.tolist()` back on the
-    schedule stream: wrong values with a bare stream switch, right ones through the product's hand-off
-    (harvest/sglang/step_streams.py, what the run_batch hook runs)."""
+    """Inputs written late on a schedule stream, forward on a partition's decode stream (a green context's, as
+    in spatial mode), `.tolist()` back on the schedule stream: wrong values with a bare stream switch, right
+    ones through the product's hand-off (harvest/sglang/step_streams.py, what the run_batch hook runs)."""
     from types import SimpleNamespace
 
     import torch
@@ -143,7 +143,8 @@ def gpu_handoff() -> dict:
     from harvest.sglang.step_streams import StepStreams
 
     n = 1 << 20
-    schedule, other = torch.cuda.Stream(), torch.cuda.Stream()
+    _, (other, _) = _decode_finetune_pair()
+    schedule = torch.cuda.Stream()
     handoff = StepStreams(SimpleNamespace(enable_overlap=False))
     src = torch.arange(n, device="cuda")
     expected = (src * 2).tolist()
