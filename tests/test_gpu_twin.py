@@ -6,6 +6,7 @@ builds) up to the point where the supervisor would start SGLang, and asserts on 
 """
 
 import contextlib
+import os
 import types
 from unittest import mock
 
@@ -66,6 +67,9 @@ def h100():
         # SGLang's configuration, not the trainer's, so the job is parsed as on this host.
         parse_job = llamafactory_args._parse
         stack.enter_context(mock.patch.object(llamafactory_args, "_parse", lambda raw: _off_device(parse_job, raw)))
+        # A GPU host runs SGLang's CUDA engine: the CPU engine's switch (set by CPU tests in this process) is off.
+        stack.enter_context(mock.patch.dict(os.environ))
+        os.environ.pop("SGLANG_USE_CPU_ENGINE", None)
         _clear_sglang_device_caches()
         stack.callback(_clear_sglang_device_caches)
         yield
