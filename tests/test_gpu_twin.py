@@ -157,15 +157,18 @@ def test_user_flags_win(model, monkeypatch):
     assert server_args.attention_backend == "flashinfer" and server_args.disaggregation_transfer_backend == "nixl"
 
 
-@pytest.mark.parametrize("with_job", [False, True], ids=["no-job", "job"])
-def test_under_deploy(model, job, with_job, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["no-job", "temporal", "spatial"])
+def test_under_deploy(model, job, mode, tmp_path, monkeypatch):
     """The decode worker `harvest deploy` starts (its `harvest serve` argv) and its prefill worker."""
+    with_job = mode != "no-job"
     serve_args = ("--finetune", str(job), "--tpot-slo-ms", "40") if with_job else ()
+    serve_args += ("--pin-partition", "64,64") if mode == "spatial" else ()
     config = _deploy_config(model, tmp_path, serve_args)
     deployment = PDDeployment(config, is_cpu_host=False)
     decode_argv = deployment.decode.argv
     assert decode_argv[1:4] == ["-m", "harvest.cli.main", "serve"]
-    server_args, _ = serve_on_h100(decode_argv[4:], monkeypatch)
+    server_args, serve_config = serve_on_h100(decode_argv[4:], monkeypatch)
+    assert (serve_config.pinned_partition is not None) == (mode == "spatial")
     assert_no_problems(server_args, "mooncake", is_overlap_off=True if with_job else None)
 
     from harvest.sglang.launcher import parse_sglang_args
