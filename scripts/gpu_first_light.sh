@@ -2,7 +2,7 @@
 # The first GPU run of harvest: one prepared run that fits 8 minutes of wall time on one H100, the install
 # included, carried in one device call (the checkout and the bundle's parts <= 60 MiB).
 #
-#   scripts/gpu_first_light.sh [--dry-run] [--bundle DIR] [--caches FILE] [--budget-s N]
+#   scripts/gpu_first_light.sh [--dry-run] [--bundle DIR] [--caches FILE] [--budget-s N] [--only NAME,...]
 #
 # Stages, in the order that leaves results when the run is cut off: facts -> native build -> doctor ->
 # install -> model make (Llama-3.2-1B shape, random weights) -> temporal worker with the job + a 30 s replay
@@ -10,20 +10,21 @@
 # Each stage runs under `timeout` (its cap, or what is left of --budget-s) and writes into $OUT as it
 # finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, doctor.jsonl,
 # temporal.tgz, spatial.tgz, interference.jsonl, caches.tgz. --caches FILE (a caches.tgz of an earlier run,
-# carried) seeds the JIT caches for a faster rerun. Nothing is written outside $OUT and the checkout: work
+# carried) seeds the JIT caches for a faster rerun; --only runs the named stages alone (a rerun of one). Nothing is written outside $OUT and the checkout: work
 # files, HOME and TMPDIR (so the JIT caches too) live in .first-light/.
 # --dry-run (CPU, CI) checks every harvest command line against the real parsers (scripts/check_argv.py)
 # and, given a bundle, that it is whole and that the carry fits one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-dry_run=0; bundle=bundle; caches=""; budget_s=470
+dry_run=0; bundle=bundle; caches=""; budget_s=470; only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
     --bundle) bundle=$2; shift ;;
     --caches) caches=$2; shift ;;
     --budget-s) budget_s=$2; shift ;;
+    --only) only=",$2,"; shift ;;
     *) echo "gpu_first_light.sh: error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
   shift
@@ -116,7 +117,7 @@ def version(name):
         return None
 
 facts = {"gpu": run("nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader"),
-         "nvcc": (run("nvcc", "--version").splitlines() or [None])[-1],
+         "nvcc": next((line for line in run("nvcc", "--version").splitlines() if "release" in line), None),
          "commit": os.environ.get("HARVEST_COMMIT") or run("git", "-C", os.environ["repo"], "rev-parse", "HEAD"),
          "python": sys.version.split()[0],
          **{name: version(name) for name in ("torch", "triton", "cuda-bindings", "apache-tvm-ffi", "transformers")}}
@@ -212,6 +213,7 @@ export -f hv argv_for http_get run_worker $(for e in "${STAGES[@]}"; do echo "st
 started=$(date +%s)
 for entry in "${STAGES[@]}"; do
   read -r name cap desc <<<"$entry"
+  [ -n "$only" ] && [[ "$only" != *",$name,"* ]] && continue
   left=$((budget_s - ($(date +%s) - started)))
   if [ "$left" -lt 15 ]; then echo "$name skipped: ${left}s left of --budget-s" | tee -a "$out/stages.log"; continue; fi
   limit=$((cap < left ? cap : left))

@@ -78,3 +78,17 @@ def test_the_run_keeps_home_tmp_and_caches_in_the_checkout():
     assert "export HOME=$work/home TMPDIR=$work/tmp" in text and "export work=$repo/.first-light" in text
     assert "/tmp" not in text.replace("$work/tmp", "") and "/var/" not in text
     assert "/.first-light/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def test_a_run_writes_its_results_into_out_as_each_stage_finishes(tmp_path):
+    """The facts stage for real, on this host: facts.json and the stage log land in $OUT and nothing else does
+    (a lent GPU brings back only $OUT, at most 8 files)."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out), "HARVEST_COMMIT": "test"}
+    proc = subprocess.run([str(SCRIPT), "--only", "facts"], capture_output=True, text=True, timeout=300, env=env,
+                          check=False, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["facts.json", "stages.log"]
+    facts = json.loads((out / "facts.json").read_text())
+    assert facts["commit"] == "test" and {"gpu", "nvcc", "torch", "cuda-bindings"} <= facts.keys()
+    assert "== facts rc=0" in (out / "stages.log").read_text()
