@@ -11,7 +11,8 @@
 # finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, doctor.jsonl,
 # temporal.tgz, spatial.tgz, interference.jsonl, caches.tgz. --caches FILE (a caches.tgz of an earlier run,
 # carried) seeds the JIT caches for a faster rerun; --only runs the named stages alone (a rerun of one). Nothing is written outside $OUT and the checkout: work
-# files, HOME and TMPDIR (so the JIT caches too) live in .first-light/.
+# files, HOME and TMPDIR (so the JIT caches too) live in .first-light/. A copy of the checkout without .git
+# names its commit with HARVEST_COMMIT=... (facts.json).
 # --dry-run (CPU, CI) checks every harvest command line against the real parsers (scripts/check_argv.py)
 # and, given a bundle, that it is whole and that the carry fits one call.
 set -uo pipefail
