@@ -5,6 +5,7 @@ lend more for an allocation, and when to take memory back
 (maybe_reclaim, once per decode step, at most one finetune shrink per call).
 """
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -45,13 +46,16 @@ class UnifiedAllocator:
         self.backend = backend or make_backend(config)
         self.chunk_pool = ChunkPool(config, self.backend)
         self.kv_slots: KvSlots | None = None
+        self._owner_thread_id: int | None = None
         self.shrink_one_layer: Callable[[], bool] | None = None
         self.kv_demand_slots = 0
         self.num_reclaimed_chunks = 0
         self.num_shrink_calls = 0
 
     def attach_kv_slots(self, kv_slots: KvSlots) -> None:
+        """Called on the thread that owns the KV pool (SGLang's scheduler thread): only it lends or restores."""
         self.kv_slots = kv_slots
+        self._owner_thread_id = threading.get_ident()
 
     def set_reclaim_callback(self, shrink_one_layer: Callable[[], bool]) -> None:
         """The finetune side's `shrink_one_layer() -> bool`: drop one layer of its window, free its blocks."""
@@ -80,6 +84,7 @@ class UnifiedAllocator:
     def lend_chunks(self, num_chunks: int) -> int:
         """Lend up to num_chunks all-free chunks, highest id first, keeping reserve_slots free; returns how many."""
         self._require_kv_slots()
+        self._require_owner_thread("lend_chunks")
         num_lent = 0
         for chunk_id in self.kv_slots.lendable_chunk_ids():
             if num_lent == num_chunks:
@@ -103,6 +108,9 @@ class UnifiedAllocator:
         except OutOfLentMemory:
             if self.kv_slots is None:
                 raise
+            if not self.is_owner_thread:  # a co-run unit: the scheduler thread lends at its next rebalance
+                raise OutOfLentMemory(f"{num_bytes} bytes requested off the scheduler thread, which alone "
+                                      "lends KV chunks") from None
         ledger = self.chunk_pool.ledger
         missing_blocks = ledger.blocks_needed(num_bytes) - ledger.num_free_blocks
         self.lend_chunks(-(-missing_blocks // self.config.blocks_per_chunk))
@@ -139,6 +147,7 @@ class UnifiedAllocator:
     def return_idle_chunks(self, max_chunks: int | None = None) -> int:
         """Give idle lent chunks back to KV, lowest id first (new KV prefers low ids)."""
         self._require_kv_slots()
+        self._require_owner_thread("return_idle_chunks")
         idle = self.chunk_pool.ledger.idle_chunk_ids()[:max_chunks]
         for chunk_id in idle:
             self.chunk_pool.reclaim(chunk_id)
@@ -170,6 +179,17 @@ class UnifiedAllocator:
             else:
                 break
         return num_returned
+
+    @property
+    def is_owner_thread(self) -> bool:
+        return self._owner_thread_id in (None, threading.get_ident())
+
+    def _require_owner_thread(self, verb: str) -> None:
+        # SGLang frees slots on the scheduler thread (process_batch_result) with no lock: a withdraw or
+        # restore of free_pages from another thread would lose those frees or hand a slot out twice.
+        if not self.is_owner_thread:
+            raise HarvestError(f"{verb} on thread {threading.current_thread().name!r}: only the thread that "
+                               "owns the KV pool (SGLang's scheduler thread) may move KV chunks")
 
     def _require_kv_slots(self) -> None:
         if self.kv_slots is None:

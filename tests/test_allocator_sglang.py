@@ -2,6 +2,7 @@
 MHATokenToKVPool over chunk-backed buffers and the chunk-aware TokenToKVPoolAllocator."""
 
 import os
+import threading
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
+from allocator.chunk_pool import OutOfLentMemory
 from allocator.config import AllocatorConfig
 from allocator.unified_allocator import UnifiedAllocator
 from base.errors import HarvestError
@@ -135,6 +137,45 @@ def test_lent_chunk_slots_leave_and_return_to_free_pages(allocator):
     allocator.return_idle_chunks()
     assert tokens.available_size() == SIZE and tokens.lent_chunk_ids == set()
     assert torch.equal(tokens.free_pages, torch.arange(1, SIZE + 1))
+
+
+def _on_unit_thread(fn):
+    """fn's exception (or None) when it runs on another thread, as a co-run unit's would."""
+    raised = []
+
+    def run():
+        try:
+            fn()
+            raised.append(None)
+        except Exception as e:  # noqa: BLE001 - the exception is what the test reads
+            raised.append(e)
+
+    thread = threading.Thread(target=run, name="harvest-finetune-units")
+    thread.start()
+    thread.join()
+    return raised[0]
+
+
+def test_kv_chunks_move_only_on_the_thread_that_owns_the_pool(allocator):
+    """Pins defect 6: a co-run unit's window change reached lend_chunks -> withdraw_chunk on the unit thread
+    while the scheduler thread freed slots (lost frees, a slot used twice); "only the scheduler thread touches
+    KV slots" was a comment. Forced by calling each from another thread: a one-line error, nothing moved; a
+    window allocation there gets OutOfLentMemory (the unit waits; the scheduler lends at its rebalance)."""
+    tokens = ChunkTokenToKVPoolAllocator(SIZE, torch.float32, "cpu", None, False, allocator.config.slots_per_chunk)
+    allocator.attach_kv_slots(tokens)
+    top = tokens.num_chunks - 1
+    assert allocator.lend_chunks(1) == 1
+    for call in (lambda: tokens.withdraw_chunk(top - 1), lambda: tokens.restore_chunk(top),
+                 lambda: allocator.lend_chunks(1), allocator.return_idle_chunks):
+        error = _on_unit_thread(call)
+        assert isinstance(error, HarvestError) and "harvest-finetune-units" in str(error), error
+        assert "scheduler thread" in str(error)
+    chunk_bytes = allocator.config.blocks_per_chunk * allocator.config.block_bytes
+    assert isinstance(_on_unit_thread(lambda: allocator.alloc_tensor((2 * chunk_bytes,), torch.uint8)),
+                      OutOfLentMemory)
+    assert _on_unit_thread(lambda: allocator.free_tensor(allocator.chunk_pool.alloc_tensor((64,), torch.uint8))) is None
+    assert tokens.lent_chunk_ids == {top} and tokens.available_size() == SIZE - tokens.num_chunk_slots(top)
+    assert allocator.return_idle_chunks() == 1 and tokens.lent_chunk_ids == set()
 
 
 def test_decode_attention_over_lent_and_reclaimed_chunks_matches_a_plain_pool():

@@ -62,7 +62,7 @@ def test_parts_are_at_most_60_mib_and_match_their_checksums(bundle):
     out_dir, summary, manifest = bundle
     parts = manifest["parts"]
     assert summary["num_parts"] == len(parts) >= 1
-    assert all(p["bytes"] <= PART_BYTES == 60 * 2**20 for p in parts)
+    assert all(p["bytes"] <= PART_BYTES == 48 * 2**20 for p in parts)
     for part in parts:
         data = (out_dir / part["name"]).read_bytes()
         assert len(data) == part["bytes"] and hashlib.sha256(data).hexdigest() == part["sha256"]

@@ -43,7 +43,7 @@ def test_a_failed_gate_skips_what_depends_on_it_and_the_exit_code_says_so(harves
 @pytest.mark.gpu
 def test_doctor_gpu_checks_pass_on_a_gpu(harvest_cli):
     """The checks harvest's own code must pass on a GPU (the INFO ones record the device and are not asserted)."""
-    must_pass = ["gpu_env", "gpu_native", "gpu_vmm", "gpu_stray_read", "gpu_unmap_inflight_kernel",
+    must_pass = ["gpu_stack", "gpu_env", "gpu_native", "gpu_vmm", "gpu_stray_read", "gpu_unmap_inflight_kernel",
                  "gpu_unmap_inflight_dma", "gpu_kv_lend_reclaim", "gpu_swap_evict", "gpu_split", "gpu_handoff"]
     proc = subprocess.run([*harvest_cli, "doctor", "--json", "--only", ",".join(must_pass)], capture_output=True,
                           text=True, timeout=1800, check=False)

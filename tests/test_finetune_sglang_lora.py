@@ -41,7 +41,8 @@ def test_sglang_lora_loader_accepts_the_adapter_and_stacks_its_weights(adapter, 
     from harvest.sglang.launcher import build_sglang_argv, parse_sglang_args
 
     model_dir, adapter_dir = adapter
-    argv = build_sglang_argv(model_dir, ["--enable-lora", "--lora-paths", f"{ADAPTER_NAME}={adapter_dir}"], True)
+    argv = build_sglang_argv(model_dir, ["--enable-lora", "--lora-paths", f"{ADAPTER_NAME}={adapter_dir}"], True,
+                             has_job=False)
     monkeypatch.setattr(server_args, "_global_server_args", parse_sglang_args(argv))  # the weight loader reads them
     config = LoRAConfig(adapter_dir)
     assert config.lora_added_tokens_size == 0 and not config.use_dora  # what LoRAManager rejects

@@ -26,7 +26,7 @@ from base.cuda_driver import ensure_driver_or_stub
 from base.system_libs import library_path_with_system_libs
 from harvest.deploy import DeployConfig, PDDeployment
 from harvest.deploy.pd_deployment import free_deploy_ports, prefill_lora_flags
-from harvest.sglang.launcher import CPU_DEFAULT_FLAGS, CPU_ENGINE_ENV
+from harvest.sglang.launcher import CPU_ENGINE_ENV, host_flags
 from harvest.worker.client import (
     generate,
     generate_request,
@@ -75,9 +75,8 @@ def reference(tiny_model_dir, tmp_path_factory):
     is_cpu_host = ensure_driver_or_stub()
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model_dir),
                "--host", "127.0.0.1", "--max-total-tokens", str(MAX_TOTAL_TOKENS)]
-    for flag, values in CPU_DEFAULT_FLAGS.items() if is_cpu_host else ():
-        if flag != "--disaggregation-transfer-backend":
-            command += [flag, *values]
+    for flag, values in host_flags(is_cpu_host).items():
+        command += [flag, *values]
     plain = WorkerProcess([], free_ports(1)[0], 0, tmp_path_factory.mktemp("plain") / "plain.log",
                           command=command, env={**process_env(), **(CPU_ENGINE_ENV if is_cpu_host else {})})
     with plain:

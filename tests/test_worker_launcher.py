@@ -7,7 +7,7 @@ from harvest.sglang.launcher import build_sglang_argv, port_flag
 
 
 def test_cpu_host_gets_cpu_defaults_unless_given():
-    argv = build_sglang_argv("/m", ["--attention-backend", "triton"], is_cpu_host=True)
+    argv = build_sglang_argv("/m", ["--attention-backend", "triton"], is_cpu_host=True, has_job=False)
     assert argv[:4] == ["--model-path", "/m", "--disaggregation-mode", "decode"]
     assert argv.count("--attention-backend") == 1 and "triton" in argv
     assert "--disable-cuda-graph" in argv and argv[argv.index("--device") + 1] == "cpu"
@@ -15,15 +15,22 @@ def test_cpu_host_gets_cpu_defaults_unless_given():
     assert argv[argv.index("--disaggregation-transfer-backend") + 1] == "fake"
 
 
-def test_gpu_host_passes_flags_through_untouched():
-    argv = build_sglang_argv("/m", ["--mem-fraction-static", "0.8"], is_cpu_host=False)
-    assert argv == ["--model-path", "/m", "--disaggregation-mode", "decode", "--mem-fraction-static", "0.8"]
+def test_gpu_host_gets_triton_fake_transfer_and_no_overlap_under_a_job():
+    """The flags themselves; tests/test_gpu_twin.py checks what SGLang resolves from them on an H100."""
+    lone = build_sglang_argv("/m", ["--mem-fraction-static", "0.8"], is_cpu_host=False, has_job=False)
+    assert lone == ["--model-path", "/m", "--disaggregation-mode", "decode", "--mem-fraction-static", "0.8",
+                    "--attention-backend", "triton", "--disaggregation-transfer-backend", "fake"]
+    with_job = build_sglang_argv("/m", ["--attention-backend=flashinfer"], is_cpu_host=False, has_job=True)
+    assert "triton" not in with_job and with_job.count("--disable-overlap-schedule") == 1
+    deployed = build_sglang_argv("/m", ["--disaggregation-transfer-backend", "mooncake"], is_cpu_host=False,
+                                 has_job=True)
+    assert "fake" not in deployed
 
 
 def test_only_decode_mode():
-    assert "decode" in build_sglang_argv("/m", ["--disaggregation-mode=decode"], is_cpu_host=False)
+    assert "decode" in build_sglang_argv("/m", ["--disaggregation-mode=decode"], is_cpu_host=False, has_job=False)
     with pytest.raises(HarvestError, match="decode worker"):
-        build_sglang_argv("/m", ["--disaggregation-mode=prefill"], is_cpu_host=False)
+        build_sglang_argv("/m", ["--disaggregation-mode=prefill"], is_cpu_host=False, has_job=False)
 
 
 def test_port_flag():

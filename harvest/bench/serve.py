@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict:
     flags = ["--max-total-tokens", str(args.max_total_tokens), *shlex.split(args.sglang_flags)]
     if not args.busy_idle:
         flags.append("--sleep-on-idle")
-    plain_argv = build_sglang_argv(str(model_path), flags, is_cpu_host)
+    plain_argv = build_sglang_argv(str(model_path), flags, is_cpu_host, has_job=False)
     env = CPU_ENGINE_ENV if is_cpu_host else None
     ports = free_ports(3)
     plain_command = [sys.executable, "-m", "sglang.launch_server"]

@@ -32,7 +32,8 @@ from harvest.bundle.wheel_repack import (parse_wheel_name, repack_wheel, sglang_
                                          sglang_kernel_rename)
 from harvest.sglang.version import PINNED_STACK
 
-PART_BYTES = 60 * 2**20
+# A part and the checkout's tracked files (~9 MiB) fit one 64 MiB device call, with room for the tree to grow.
+PART_BYTES = 48 * 2**20
 PAYLOAD_NAME = "harvest-bundle.tar"
 MANIFEST_NAME = "manifest.json"
 INSTALLER_NAME = "install_bundle.py"

@@ -10,7 +10,7 @@ def add_parser(subparsers) -> None:
         "bundle", help="build an offline install bundle for an air-gapped GPU host",
         description="Fetch (pip download) and repack the wheels a harvest worker and finetune job import that the "
         "target GPU image lacks, add the harvest wheel and the csrc sources/libraries, and split all into parts "
-        "of at most 60 MiB with a manifest. On the host: python3 DIR/install_bundle.py --target SITE.",
+        "of at most 48 MiB with a manifest. On the host: python3 DIR/install_bundle.py --target SITE.",
     )
     parser.add_argument("--out", required=True, help="output directory (replaced)")
     parser.add_argument("--python", dest="python_version", default="3.12", help="target Python major.minor (default 3.12)")

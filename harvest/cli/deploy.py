@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import signal
 import sys
@@ -91,6 +92,9 @@ def prepare_deployment(config):
         check_port_free(config.host, getattr(config, flag), "--" + flag.replace("_", "-"))
     check_port_free("127.0.0.1", config.admin_port, "--admin-port")
     config = dataclasses.replace(config, model_path=str(resolve_model_path(config.model_path)))
+    if importlib.util.find_spec("mooncake") is None:  # the GPU bundle does not carry it
+        raise HarvestError("mooncake is not installed: harvest deploy moves the KV with it (pip install "
+                           "mooncake-transfer-engine on a GPU host, harvest's `pd` extra on a CPU host)")
     is_cpu_host = ensure_driver_or_stub()
     if is_cpu_host and config.ib_device:
         raise HarvestError("--ib-device on a host without a GPU driver: mooncake moves KV over TCP here")

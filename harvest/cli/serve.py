@@ -16,8 +16,9 @@ def add_parser(subparsers) -> None:
         help="run an SGLang decode worker with harvest inside",
         description="Run an SGLang decode worker (--disaggregation-mode decode) with harvest in its scheduler "
         "process. Every flag not listed here is SGLang's (see `python -m sglang.launch_server --help`). "
-        "On a host without a GPU, harvest adds --device cpu --attention-backend torch_native "
-        "--disable-cuda-graph --disable-overlap-schedule --disaggregation-transfer-backend fake unless given.",
+        "Unless given, harvest adds --disaggregation-transfer-backend fake (a lone worker); on a GPU "
+        "--attention-backend triton; with --finetune --disable-overlap-schedule; on a host without a GPU "
+        "--device cpu --attention-backend torch_native --disable-cuda-graph --disable-overlap-schedule.",
         allow_abbrev=False,
     )
     parser.add_argument("--model-path", "--model", default=None,
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         from harvest.sglang.lora_flags import lora_flags_for
 
         passthrough = [*passthrough, *lora_flags_for(llamafactory, passthrough, is_cpu_host)]
-    server_args = parse_sglang_args(build_sglang_argv(str(model_path), passthrough, is_cpu_host))
+    server_args = parse_sglang_args(build_sglang_argv(str(model_path), passthrough, is_cpu_host,
+                                                      has_job=config.finetune is not None))
     return supervise(server_args, config, is_cpu_host)
 
 

@@ -110,7 +110,7 @@ def gpu_stray_read() -> dict:
 
 def _unmap_inflight(mode: str) -> dict:
     """ChunkPool.free_tensor of a lent tensor that a kernel (or an H2D copy) on another stream still uses:
-    harvest waits on the event of that work (`after`), then unmaps. Then the raw backend unmap without a
+    harvest waits on the stream that work is on (recorded with record_stream), then unmaps. Then the raw backend unmap without a
     wait, to record what the driver does (unmap_ms about the in-flight time = cuMemUnmap waited)."""
     import torch
 
@@ -132,11 +132,10 @@ def _unmap_inflight(mode: str) -> dict:
         with torch.cuda.stream(side):
             torch.cuda._sleep(int(2e8))             # ~100 ms of GPU clock, then touch the range
             total = tensor.copy_(host, non_blocking=True) if mode == "dma" else tensor.sum(dtype=torch.int64)
-        done = torch.cuda.Event()
-        done.record(side)
         started = time.perf_counter()
         if label == "harvest":
-            pool.free_tensor(tensor, after=[done])
+            pool.record_stream(tensor, side)
+            pool.free_tensor(tensor)
         else:
             _, addr, mapped_bytes, _ = pool._tensors[tensor.data_ptr()]
             allocator.backend.unmap(addr, mapped_bytes)
@@ -251,7 +250,7 @@ GPU_MEMORY_CHECKS = [
     Check("gpu_unmap_inflight_kernel", gpu_unmap_inflight_kernel, needs_gpu=True, isolated=True,
           expected="harvest: no fault, result_correct, unmap_ms about 100 (it waited for the kernel). "
                    "raw: recorded (unmap_ms about 100: cuMemUnmap waits itself; about 0 + fault: it does not)",
-          if_different="harvest fault: free_tensor does not wait on the event of the work using the range"),
+          if_different="harvest fault: free_tensor does not wait for the streams recorded as using the range"),
     Check("gpu_unmap_inflight_dma", gpu_unmap_inflight_dma, needs_gpu=True, isolated=True,
           expected="as gpu_unmap_inflight_kernel, for an H2D copy on a side stream (a prefetch)",
           if_different="harvest fault: evicting a layer mid-prefetch can crash the worker"),

@@ -27,6 +27,7 @@ def gpu_split() -> dict:
         resource.sm.smCount // 8, resource, 0, 8))
     sizes = sorted({g.sm.smCount for g in list(groups)[:num_groups]})
     parts = GreenPartitions(0, _h100_pairs(resource.sm.smCount))
+    parts.prepare([pair for pair in parts.pairs if pair[1]])   # contexts are made on first use: make them now
     return {"status": PASS if parts.pairs else FAIL, "sm_count": resource.sm.smCount, "groups": num_groups,
             "group_sizes": sizes, "remainder_sms": remainder.sm.smCount, "partitions_kept": len(parts.pairs),
             "partitions_dropped": len(parts.dropped_pairs), "green_contexts_created": parts.num_contexts}
@@ -132,9 +133,9 @@ def gpu_confine() -> dict:
 
 
 def gpu_handoff() -> dict:
-    """Inputs written late on a schedule stream, forward on a partition stream, `.tolist()` back on the
-    schedule stream: wrong values with a bare stream switch, right ones through the product's hand-off
-    (harvest/sglang/step_streams.py, what the run_batch hook runs)."""
+    """Inputs written late on a schedule stream, forward on a partition's decode stream (a green context's, as
+    in spatial mode), `.tolist()` back on the schedule stream: wrong values with a bare stream switch, right
+    ones through the product's hand-off (harvest/sglang/step_streams.py, what the run_batch hook runs)."""
     from types import SimpleNamespace
 
     import torch
@@ -142,7 +143,8 @@ def gpu_handoff() -> dict:
     from harvest.sglang.step_streams import StepStreams
 
     n = 1 << 20
-    schedule, other = torch.cuda.Stream(), torch.cuda.Stream()
+    _, (other, _) = _decode_finetune_pair()
+    schedule = torch.cuda.Stream()
     handoff = StepStreams(SimpleNamespace(enable_overlap=False))
     src = torch.arange(n, device="cuda")
     expected = (src * 2).tolist()

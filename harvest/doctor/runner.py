@@ -13,9 +13,10 @@ from collections.abc import Callable
 from harvest.doctor.check import FAIL, SKIP, Check, CheckResult
 from harvest.doctor.gpu_memory_checks import GPU_MEMORY_CHECKS
 from harvest.doctor.gpu_partition_checks import GPU_PARTITION_CHECKS
+from harvest.doctor.gpu_stack_checks import GPU_STACK_CHECKS
 from harvest.doctor.host_checks import HOST_CHECKS
 
-CHECKS: list[Check] = HOST_CHECKS + GPU_MEMORY_CHECKS + GPU_PARTITION_CHECKS
+CHECKS: list[Check] = HOST_CHECKS + GPU_STACK_CHECKS + GPU_MEMORY_CHECKS + GPU_PARTITION_CHECKS
 ISOLATED_TIMEOUT_S = 300
 
 

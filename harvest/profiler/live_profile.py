@@ -240,11 +240,8 @@ WORKER_FLAGS = (
     # forwards (decode_profiler.py); on a GPU it launches step n+1 (the controller's before_step) before
     # step n's result is processed (after_step), which takes back the co-run units just handed to n+1 and
     # charges n's co-run to n+1's partition (controller.py pairs before_step(n) with after_step(n)).
+    # harvest serve turns it off by itself only with a job (launcher.py); a solo profile runs none.
     "--disable-overlap-schedule",
-    # A lone decode worker: its requests come pre-filled (prefilled_request), no prefill worker sends KV, so no
-    # transfer engine is started. harvest serve adds this on a CPU host by itself (launcher.py), not on a GPU,
-    # where a PD deployment's transfer engine moves real KV.
-    "--disaggregation-transfer-backend", "fake",
     # Token ids in, token ids out: no grammar to build (the GPU bundle leaves xgrammar out, bundle_builder.py).
     "--grammar-backend", "none",
 )

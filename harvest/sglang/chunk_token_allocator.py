@@ -7,6 +7,8 @@ lowest free ids, so new KV always takes the lowest slot ids and high chunks drai
 (SGLang's PD-decode sorting, applied at every alloc).
 """
 
+import threading
+
 import torch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 
@@ -21,6 +23,7 @@ class ChunkTokenToKVPoolAllocator(TokenToKVPoolAllocator):
         self.slots_per_chunk = slots_per_chunk
         self.num_chunks = -(-(size + 1) // slots_per_chunk)
         self.lent_chunk_ids: set[int] = set()
+        self._owner_thread_id = threading.get_ident()   # SGLang's scheduler thread builds the pool
         super().__init__(size, dtype, device, kvcache, need_sort)
 
     def clear(self):
@@ -72,6 +75,7 @@ class ChunkTokenToKVPoolAllocator(TokenToKVPoolAllocator):
 
     def withdraw_chunk(self, chunk_id: int) -> None:
         """Take every slot of an all-free chunk out of circulation (before its memory is lent)."""
+        self._require_owner_thread("withdraw_chunk", chunk_id)
         if chunk_id in self.lent_chunk_ids or not 0 < chunk_id < self.num_chunks:
             raise HarvestError(f"chunk {chunk_id} cannot be withdrawn: lent already or out of range")
         self.merge_and_sort_free()
@@ -86,6 +90,7 @@ class ChunkTokenToKVPoolAllocator(TokenToKVPoolAllocator):
 
     def restore_chunk(self, chunk_id: int) -> None:
         """Put a reclaimed chunk's slots back into free_pages, in slot order."""
+        self._require_owner_thread("restore_chunk", chunk_id)
         if chunk_id not in self.lent_chunk_ids:
             raise HarvestError(f"chunk {chunk_id} is not lent")
         self.lent_chunk_ids.discard(chunk_id)
@@ -93,6 +98,13 @@ class ChunkTokenToKVPoolAllocator(TokenToKVPoolAllocator):
         slots = self.chunk_slots(chunk_id)
         at = int(torch.searchsorted(self.free_pages, slots[0]))
         self.free_pages = torch.cat((self.free_pages[:at], slots, self.free_pages[at:]))
+
+    def _require_owner_thread(self, verb: str, chunk_id: int) -> None:
+        # free() runs on the scheduler thread with no lock; free_pages changed from another thread loses
+        # frees or hands a slot out twice.
+        if threading.get_ident() != self._owner_thread_id:
+            raise HarvestError(f"{verb}({chunk_id}) on thread {threading.current_thread().name!r}: only SGLang's "
+                               "scheduler thread, which owns the KV pool, may touch KV slots")
 
     @property
     def num_lent_slots(self) -> int:

@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 # SGLang's CPU path: without the CPU engine flag rotary embedding reaches for vllm (shared/STACK.md).
 CPU_ENGINE_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
-CPU_DEFAULT_FLAGS = {
+CPU_FLAGS = {
     "--device": ["cpu"],
     "--attention-backend": ["torch_native"],
     "--disable-cuda-graph": [],
@@ -27,10 +27,36 @@ CPU_DEFAULT_FLAGS = {
     # result only after the next step ran: harvest would time two forwards as one step (eval/README.md,
     # "Serving overhead").
     "--disable-overlap-schedule": [],
+}
+GPU_FLAGS = {
+    # Without a backend SGLang picks FA3 on Hopper (sglang 0.5.12 srt/server_args.py:2611,
+    # `_get_default_attn_backend`), whose kernels are sgl_kernel's flash_ops, which the bundle strips
+    # (wheel_repack.py, 1.07 GB); triton compiles its kernels with its own compiler, no nvcc.
+    "--attention-backend": ["triton"],
+}
+JOB_FLAGS = {
+    # The overlap schedule (SGLang's GPU default; srt/managers/scheduler.py:3923 picks
+    # event_loop_overlap_disagg_decode) launches step n+1 before it processes step n's result
+    # (srt/disaggregation/decode.py:1616-1624): the controller's before_step(n) would run before after_step(n-1)
+    # and co-run time would be charged to the next step's partition.
+    "--disable-overlap-schedule": [],
+}
+LONE_WORKER_FLAGS = {
     # A lone decode worker has no prefill worker to receive KV from: `fake` treats every request as prefilled.
-    # In a PD deployment (`harvest deploy`) mooncake moves the KV, over TCP where there is no RDMA device.
+    # SGLang's default is mooncake (srt/server_args.py:798), which the GPU bundle does not carry. In a PD
+    # deployment (`harvest deploy`) mooncake moves the KV, over TCP where there is no RDMA device.
     "--disaggregation-transfer-backend": ["fake"],
 }
+
+
+def host_flags(is_cpu_host: bool) -> dict[str, list[str]]:
+    """SGLang flags every worker on this host needs, harvest's or a plain prefill worker."""
+    return CPU_FLAGS if is_cpu_host else GPU_FLAGS
+
+
+def worker_flags(is_cpu_host: bool, has_job: bool) -> dict[str, list[str]]:
+    """SGLang flags a harvest decode worker gets unless the user gave them: the one place that decides them."""
+    return {**host_flags(is_cpu_host), **(JOB_FLAGS if has_job else {}), **LONE_WORKER_FLAGS}
 
 
 def has_flag(argv: list[str], flag: str) -> bool:
@@ -46,15 +72,14 @@ def flag_value(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def build_sglang_argv(model_path: str, passthrough: list[str], is_cpu_host: bool) -> list[str]:
+def build_sglang_argv(model_path: str, passthrough: list[str], is_cpu_host: bool, *, has_job: bool) -> list[str]:
     mode = flag_value(passthrough, "--disaggregation-mode")
     if mode not in (None, "decode"):
         raise HarvestError(f"--disaggregation-mode {mode}: harvest runs only as a decode worker")
     argv = ["--model-path", model_path, "--disaggregation-mode", "decode", *passthrough]
-    if is_cpu_host:
-        for flag, values in CPU_DEFAULT_FLAGS.items():
-            if not has_flag(passthrough, flag):
-                argv += [flag, *values]
+    for flag, values in worker_flags(is_cpu_host, has_job).items():
+        if not has_flag(passthrough, flag):
+            argv += [flag, *values]
     return argv
 
 

@@ -9,7 +9,7 @@ bootstrap server runs in the prefill worker; the router learns its port from `--
 
 import sys
 
-from harvest.sglang.launcher import CPU_DEFAULT_FLAGS, CPU_ENGINE_ENV
+from harvest.sglang.launcher import CPU_ENGINE_ENV, host_flags
 
 TRANSFER_BACKEND = "mooncake"
 TRANSFER_HOST = "127.0.0.1"
@@ -48,10 +48,9 @@ def prefill_command(model_path: str, host: str, bootstrap_port: int, is_cpu_host
             *transfer_flags(ib_device), "--host", host]
     if max_total_tokens is not None:
         argv += ["--max-total-tokens", str(max_total_tokens)]
+    for flag, values in host_flags(is_cpu_host).items():
+        argv += [flag, *values]
     if is_cpu_host:
-        for flag, values in CPU_DEFAULT_FLAGS.items():
-            if flag != "--disaggregation-transfer-backend":
-                argv += [flag, *values]
         # An idle SGLang scheduler busy-polls a core; between prompts the prefill worker would take it from
         # the decode worker and its finetune job. It sleeps in zmq poll instead (woken by a new request).
         argv.append("--sleep-on-idle")

@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# The first GPU run of harvest: one prepared run that fits 8 minutes of wall time on one H100, the install
+# included, carried in one device call (the checkout and the bundle's parts <= 60 MiB).
+#
+#   scripts/gpu_first_light.sh [--dry-run] [--bundle DIR] [--caches FILE] [--budget-s N] [--only NAME,...]
+#
+# Stages, in the order that leaves results when the run is cut off: facts -> native build -> doctor ->
+# install -> model make (Llama-3.2-1B shape, random weights) -> temporal worker with the job + a 30 s replay
+# -> spatial worker on a pinned partition + a 30 s replay -> interference check -> JIT and Triton caches.
+# Each stage runs under `timeout` (its cap, or what is left of --budget-s) and writes into $OUT as it
+# finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, doctor.jsonl,
+# temporal.tgz, spatial.tgz, interference.jsonl, caches.tgz. --caches FILE (a caches.tgz of an earlier run,
+# carried) seeds the JIT caches for a faster rerun; --only runs the named stages alone (a rerun of one). Nothing is written outside $OUT and the checkout: work
+# files, HOME and TMPDIR (so the JIT caches too) live in .first-light/. A copy of the checkout without .git
+# names its commit with HARVEST_COMMIT=... (facts.json).
+# --dry-run (CPU, CI) checks every harvest command line against the real parsers (scripts/check_argv.py)
+# and, given a bundle, that it is whole and that the carry fits one call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+dry_run=0; bundle=bundle; caches=""; budget_s=470; only=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry_run=1 ;;
+    --bundle) bundle=$2; shift ;;
+    --caches) caches=$2; shift ;;
+    --budget-s) budget_s=$2; shift ;;
+    --only) only=",$2,"; shift ;;
+    *) echo "gpu_first_light.sh: error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+export repo=$PWD
+export work=$repo/.first-light
+export out=${OUT:-$work/out}
+export site=$work/site model=$work/llama3.2-1b job=$work/job.yaml bundle
+export python=${PYTHON:-python3}
+export tpot_ms=40 port=30000 admin_port=30100
+export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1 \
+       HF_HUB_OFFLINE=1 PIP_NO_CACHE_DIR=1
+CARRY_LIMIT_BYTES=$((60 * 1024 * 1024))
+mkdir -p "$work/home" "$work/tmp"
+export HOME=$work/home TMPDIR=$work/tmp XDG_CACHE_HOME=$work/home/.cache TRITON_CACHE_DIR=$work/home/.triton/cache
+
+# name, cap in seconds, what it does
+STAGES=(
+  "facts 20 GPU, driver, CUDA, cuda-bindings, nvcc, commit -> facts.json"
+  "native 90 csrc/ built here (the CUDA VMM backend with nvcc)"
+  "doctor 100 harvest doctor, every check but the interference one -> doctor.jsonl"
+  "install 120 the bundle installed offline into .first-light/site"
+  "model 60 random Llama-3.2-1B (bf16, drawn on the GPU) with a small tokenizer, and the LoRA job"
+  "temporal 150 temporal worker with the job, 30 s conv replay -> temporal.tgz"
+  "spatial 150 spatial worker pinned to 64,56 SMs with the job, 30 s conv replay -> spatial.tgz"
+  "interference 40 decode beside a saturating finetune partition, %smid confinement -> interference.jsonl"
+  "caches 30 the JIT and Triton caches -> caches.tgz"
+)
+HARVEST_COMMANDS=(doctor model serve_temporal replay_temporal serve_spatial replay_spatial interference)
+
+hv() { "$python" -m harvest.cli.main "$@"; }
+
+argv_for() {  # sets ARGV: the harvest command line of $1
+  case "$1" in
+    doctor) ARGV=(doctor --json --only "$("$python" -c "from harvest.doctor import CHECKS
+print(','.join(c.name for c in CHECKS if c.name != 'gpu_interference'))")") ;;
+    model) ARGV=(model make --shape llama3.2-1b --random --dtype bf16 --device cuda --tokenizer small --out "$model") ;;
+    # A small graph batch cap: start-up in seconds, not the minutes SGLang's default (256 on an H100) takes.
+    serve_temporal|serve_spatial)
+      ARGV=(serve --model-path "$model" --finetune "$job" --tpot-slo-ms "$tpot_ms" --port "$port"
+            --admin-port "$admin_port" --mem-fraction-static 0.6 --cuda-graph-max-bs 16 --grammar-backend none)
+      [ "$1" = serve_spatial ] && ARGV+=(--pin-partition 64,56) ;;
+    replay_temporal|replay_spatial)
+      ARGV=(replay --trace conv --window 30s --target "http://127.0.0.1:$port" --admin "http://127.0.0.1:$admin_port"
+            --tpot-ms "$tpot_ms" --out "$work/${1#replay_}" --no-plots) ;;
+    interference) ARGV=(doctor --json --only gpu_interference,gpu_confine) ;;
+  esac
+}
+
+http_get() {  # $1 URL -> stdout; fails if it does not answer 200
+  "$python" -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())" "$1"
+}
+
+run_worker() {  # $1 temporal|spatial: a worker with the job, a 30 s replay, its stats and step records
+  local dir=$work/$1 pid rc=1 i
+  rm -rf "$dir" && mkdir -p "$dir"
+  argv_for "serve_$1"
+  hv "${ARGV[@]}" >"$dir/worker.log" 2>&1 &
+  pid=$!
+  for i in $(seq 100); do
+    http_get "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    kill -0 $pid 2>/dev/null || { echo "worker exited before serving (worker.log)"; return 1; }
+    sleep 1
+  done
+  argv_for "replay_$1"
+  hv "${ARGV[@]}" >"$dir/replay.log" 2>&1 && rc=0
+  http_get "http://127.0.0.1:$admin_port/harvest/stats" >"$dir/stats.json"
+  http_get "http://127.0.0.1:$admin_port/harvest/steps" >"$dir/steps.json"
+  kill -TERM $pid 2>/dev/null
+  for i in $(seq 20); do kill -0 $pid 2>/dev/null || break; sleep 1; done
+  kill -KILL $pid 2>/dev/null
+  return $rc
+}
+
+stage_facts() {
+  "$python" - "$out/facts.json" <<'EOF'
+import importlib.metadata, json, os, subprocess, sys
+
+def run(*cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{type(e).__name__}"
+
+def version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+facts = {"gpu": run("nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader"),
+         "nvcc": next((line for line in run("nvcc", "--version").splitlines() if "release" in line), None),
+         "commit": os.environ.get("HARVEST_COMMIT") or run("git", "-C", os.environ["repo"], "rev-parse", "HEAD"),
+         "python": sys.version.split()[0],
+         **{name: version(name) for name in ("torch", "triton", "cuda-bindings", "apache-tvm-ffi", "transformers")}}
+try:
+    import torch
+    facts["torch_cuda"] = torch.version.cuda
+    facts["device"] = torch.cuda.get_device_name(0)
+    facts["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+except Exception as e:  # the facts say what failed
+    facts["torch_error"] = f"{type(e).__name__}: {e}"
+open(sys.argv[1], "w").write(json.dumps(facts, indent=1) + "\n")
+print(json.dumps(facts))
+EOF
+}
+
+stage_native() { make -s -C csrc OUT="$repo/build/native" PYTHON="$python"; }
+
+stage_doctor() { argv_for doctor; hv "${ARGV[@]}" >"$out/doctor.jsonl"; }
+
+stage_install() { "$python" "$bundle/install_bundle.py" --target "$site"; }
+
+stage_model() {
+  argv_for model
+  rm -rf "$model" && hv "${ARGV[@]}" && "$python" - "$model" "$work/adapter" "$job" <<'EOF'
+import sys, yaml
+from harvest.finetune.demo.tiny_job import TINY_JOB
+job = {**TINY_JOB, "model_name_or_path": sys.argv[1], "output_dir": sys.argv[2], "max_steps": 1000,
+       "per_device_train_batch_size": 4, "cutoff_len": 256, "max_samples": 512, "save_steps": 1000}
+open(sys.argv[3], "w").write(yaml.safe_dump(job))
+EOF
+}
+
+stage_temporal() { run_worker temporal; }
+
+stage_spatial() { run_worker spatial; }
+
+stage_interference() { argv_for interference; hv "${ARGV[@]}" >"$out/interference.jsonl"; }
+
+stage_caches() {
+  local size
+  size=$(du -sb "$HOME" | cut -f1)
+  if [ "$size" -gt $((15 * 1024 * 1024)) ]; then echo "caches: $size bytes, over the 16 MiB a file may bring back"; return 1; fi
+  tar czf "$out/caches.tgz" -C "$HOME" .
+}
+
+pack_run() {  # $1 temporal|spatial: what the run left, whatever its outcome, into $OUT/$1.tgz
+  [ -d "$work/$1" ] || return 0
+  tail -c 2000000 "$work/$1/worker.log" >"$work/$1/worker.log.tail" 2>/dev/null
+  tar czf "$out/$1.tgz" -C "$work" --exclude worker.log "$1"
+}
+
+carry_bytes() {  # the checkout's tracked files and the bundle: what one device call carries
+  local tree bundle_bytes=0
+  tree=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  [ -d "$bundle" ] && bundle_bytes=$(find "$bundle" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+  echo $((tree + bundle_bytes))
+}
+
+dry_run_checks() {  # prints what is wrong; returns how many
+  local missing=0 name bytes
+  for name in "${HARVEST_COMMANDS[@]}"; do
+    argv_for "$name"
+    printf 'harvest'; printf ' %q' "${ARGV[@]}"; printf '\n'
+  done | "$python" scripts/check_argv.py || missing=$((missing + 1))
+  if [ -f "$bundle/manifest.json" ] && [ -f "$bundle/install_bundle.py" ]; then
+    for name in $("$python" -c "import json,sys; print(' '.join(p['name'] for p in json.load(open(sys.argv[1]))['parts']))" "$bundle/manifest.json"); do
+      [ -f "$bundle/$name" ] || { echo "MISSING: $bundle/$name (the install stage needs every part in one call)"; missing=$((missing + 1)); }
+    done
+  else
+    echo "note: no bundle in $bundle (harvest bundle --out $bundle); the install stage needs one, carried"
+  fi
+  bytes=$(carry_bytes)
+  echo "carry: $bytes bytes (tracked tree + $bundle), limit $CARRY_LIMIT_BYTES"
+  [ "$bytes" -le $CARRY_LIMIT_BYTES ] || { echo "TOO BIG: the carry exceeds one device call"; missing=$((missing + 1)); }
+  return $missing
+}
+
+if [ $dry_run = 1 ]; then
+  total=0
+  for entry in "${STAGES[@]}"; do
+    read -r name secs desc <<<"$entry"
+    printf '  %-13s <= %3ss  %s\n' "$name" "$secs" "$desc"; total=$((total + secs))
+  done
+  echo "caps add up to ${total}s; the run stops at --budget-s ${budget_s}s"
+  dry_run_checks; missing=$?
+  echo "dry run: $missing problem(s)"
+  exit $((missing > 0))
+fi
+
+mkdir -p "$out"
+[ -n "$caches" ] && [ -f "$caches" ] && tar xzf "$caches" -C "$HOME"
+export -f hv argv_for http_get run_worker $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
+started=$(date +%s)
+for entry in "${STAGES[@]}"; do
+  read -r name cap desc <<<"$entry"
+  [ -n "$only" ] && [[ "$only" != *",$name,"* ]] && continue
+  left=$((budget_s - ($(date +%s) - started)))
+  if [ "$left" -lt 15 ]; then echo "$name skipped: ${left}s left of --budget-s" | tee -a "$out/stages.log"; continue; fi
+  limit=$((cap < left ? cap : left))
+  echo "== $name (<= ${limit}s): $desc" | tee -a "$out/stages.log"
+  t0=$(date +%s)
+  timeout -k 5 "$limit" bash -c "stage_$name" >>"$out/stages.log" 2>&1
+  rc=$?
+  [ "$name" = temporal ] || [ "$name" = spatial ] && pack_run "$name"
+  echo "== $name rc=$rc in $(( $(date +%s) - t0 ))s" | tee -a "$out/stages.log"
+done
+echo "first light done in $(( $(date +%s) - started ))s: $out"
