@@ -3,7 +3,7 @@
 
 # Two test processes, one torch thread each, so two processes on two cores do not oversubscribe them. No
 # test asserts a duration or a share of steps (those are `harvest bench`'s), so nothing needs the host alone.
-PYTEST = OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile
+PYTEST = OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile $(PYTEST_FLAGS)
 
 setup:
 	@scripts/setup.sh

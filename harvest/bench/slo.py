@@ -79,7 +79,9 @@ def run(args: argparse.Namespace) -> dict:
     with _worker(args, model_path, job_path, log_dir, "harvest", tpot_slo_ms=tpot_slo_ms) as worker:
         _wait_for_job(worker, "running")
         before = read_stats(worker.admin_url)["finetune"]
+        replay_started = time.perf_counter()
         steps = _replay(worker, args, rate_scale, tpot_slo_ms)
+        replay_s = time.perf_counter() - replay_started
         stats = read_stats(worker.admin_url)
     (log_dir / "steps.json").write_text(json.dumps({"decode_alone": alone_steps, "harvest": steps}))
 
@@ -88,11 +90,14 @@ def run(args: argparse.Namespace) -> dict:
     log = log_dir / "harvest" / "adapter" / "finetune_log.jsonl"
     losses = [json.loads(line)["loss"] for line in log.open()] if log.exists() else []
     epoch_steps = max(1, args.epoch_samples // 2)  # per_device_train_batch_size 2
-    replay_s = (steps[-1]["end_s"] - steps[0]["end_s"]) if len(steps) > 1 else 0.0
+    # The job's own count over the replay: units in slices, beside decode and in idle time alike.
+    finetune_tokens = stats["finetune"]["tokens"] - before.get("tokens", 0)
     harvest_row |= {
         "optimizer_steps": stats["finetune"]["step"] - before.get("step", 0),
-        "finetune_tokens": sum(s["finetune_tokens"] for s in steps),
-        "finetune_tokens_per_s": round(sum(s["finetune_tokens"] for s in steps) / replay_s, 2) if replay_s else None,
+        "finetune_tokens": finetune_tokens,
+        "finetune_tokens_in_steps": sum(s["finetune_tokens"] for s in steps),
+        "finetune_tokens_per_s": round(finetune_tokens / replay_s, 2),
+        "replay_s": round(replay_s, 1),
         "loss_first_epoch": round(float(np.mean(losses[:epoch_steps])), 4) if losses else None,
         "loss_last_epoch": round(float(np.mean(losses[-epoch_steps:])), 4) if losses else None,
         "chunks_lent": stats["memory"].get("chunks_lent"),
