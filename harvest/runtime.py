@@ -29,6 +29,8 @@ class HarvestRuntime:
         self.lender = None
         self.partitions = None
         self.stream_groups_note = "none (decode on SGLang's own streams, the whole device)"
+        self.stream_groups = None
+        """The decode graph sets per partition stream (harvest.sglang.hooks sets it on a spatial GPU worker)."""
         self.kv_lending_note = "off (no --finetune)" if config.finetune is None else "off (--no-kv-lending)"
         self._running: dict[int, DecodeStep] = {}
         self._admin_server = None
@@ -72,13 +74,19 @@ class HarvestRuntime:
         partitions = self.spatial_partitions(device_index)
         return partitions if partitions is not None and self.config.finetune.device.startswith("cuda") else None
 
+    def graph_pairs(self, partitions) -> list[tuple[int, int]]:
+        """The partitions whose decode may get a graph set besides the pinned one: with a profile every one the
+        planner may pick; a worker pinned without a profile (profiling) none, so a partition pinned later
+        through the admin API decodes eagerly on its stream."""
+        return partitions.pairs if self.profile is not None else []
+
     def start(self, serve_admin: bool, device_index: int = 0) -> None:
         """The scheduler is built: build the controller, start the finetune job's construction and the admin API.
         device_index: the worker's CUDA device (SGLang's gpu_id)."""
         if self.config.finetune is not None:
             partitions = self.spatial_partitions(device_index)
             self.controller = _build_controller(self.config, self.profile, partitions, self.lender, device_index,
-                                                self.served_weights)
+                                                self.served_weights, self.stream_groups)
             self.job.publisher = self.publisher
             self.job.start()
         if serve_admin:
@@ -170,6 +178,8 @@ class HarvestRuntime:
         if self.controller is not None:
             snapshot["finetune"] = self.job.stats()
             snapshot["colocation"] = {**self.controller.stats(), "decode_stream_groups": self.stream_groups_note}
+            if self.stream_groups is not None:
+                snapshot["colocation"]["decode_graph_sets"] = self.stream_groups.stats()
             snapshot["memory"] = {"kv_lending": self.kv_lending_note,
                                   **(self.lender.stats() if self.lender is not None else {})}
         return snapshot
@@ -208,7 +218,8 @@ def _is_spatial(config: ServeConfig, profile) -> bool:
     return config.finetune.device.startswith("cuda") or profile.is_cpu
 
 
-def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0, served_weights=None):
+def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0, served_weights=None,
+                      stream_groups=None):
     """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
     measured time, so no prediction can be wrong (stats say so). device_index: the worker's CUDA device,
     named in the job's device (a bare "cuda" means device 0 in the spatial unit thread, whatever SGLang set)."""
@@ -222,7 +233,12 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
     if profile is not None:
         from predictor import SplitPlanner
 
-        planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=None if partitions is None else partitions.pairs)
+        pairs = None if partitions is None else partitions.pairs
+        if stream_groups is not None:
+            # The profile was measured on graph replays: a decode partition left without a graph set (over
+            # --partition-graph-sets) would decode eagerly, slower than predicted, so the planner never picks it.
+            pairs = [(i, f) for i, f in pairs if stream_groups.has_graphs(i)]
+        planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
     if finetune_config.max_unit_ms is None:
         # With a profile, a unit no longer than the shortest decode step: a pause (or a batch arriving while
         # the device is idle and finetuning) takes effect within one step, but for a unit whose fixed cost is

@@ -144,8 +144,8 @@ def test_stream_groups_give_each_decode_partition_the_planner_can_pick_one_graph
     assert pdmux_context.get_current_stream_idx() == 0
     assert groups.select(decode_64) == 2 and pdmux_context.get_current_stream_idx() == 2
     assert groups.select(None) == 0 and pdmux_context.get_current_stream_idx() == 0
-    with pytest.raises(KeyError):
-        groups.select(("stream", 999))                        # a stream with no captured graphs is refused
+    assert groups.select(("stream", 999)) is None             # a stream with no graph set decodes eagerly
+    assert pdmux_context.get_current_stream_idx() == 0
 
 
 def test_the_runtime_builds_partitions_on_the_workers_device_and_plans_only_formed_ones(fake_driver):
@@ -215,25 +215,27 @@ def test_a_gpu_split_of_one_group_cannot_co_run(fake_driver):
         gpu_device(0).check_co_run()
 
 
-def test_a_pinned_gpu_worker_without_a_profile_captures_a_decode_graph_per_decode_prefix(fake_driver):
-    """The profiler pins solo partitions too, e.g. (120, 0), whose decode side no co-run partition has: each
-    formed decode prefix gets its stream group (decode graphs), or the pinned step finds none (KeyError)."""
+def test_a_pinned_gpu_worker_without_a_profile_captures_decode_graphs_for_its_pinned_partition_only(fake_driver):
+    """Pins defect 5 (issue 30): a worker pinned without a profile (the profiler's) made a stream group, so a
+    full decode graph set, of every formed decode prefix (15 here, 16-17 on an H100). Now only the pinned
+    partition's decode gets one; the profiler pins solo partitions too, e.g. (120, 0): the whole device needs
+    no extra set, (120, 0) gets one, and a partition pinned later decodes eagerly (no set, select -> None)."""
     from harvest.config import AdminConfig, ServeConfig
     from harvest.finetune import FinetuneConfig
     from harvest.runtime import HarvestRuntime
     from harvest.sglang.stream_groups import StreamGroups
 
     driver = fake_driver(132, [8] * 15, 12)
-    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"), tpot_slo_ms=1.0,
-                         pinned_partition=(132, 0))
-    runtime = HarvestRuntime(config)
-    parts = runtime.green_partitions(0)
-    assert driver.contexts == []                                    # finetune contexts come with their first pin
-    assert (120, 0) in parts.pairs and (8, 112) in parts.pairs and (128, 0) not in parts.pairs
-    groups = StreamGroups(parts, parts.pairs)
-    assert groups.decode_sms == [132, *range(8, 121, 8)]
-    assert driver.contexts == [tuple(range(n)) for n in range(1, 16)]   # decode prefixes only, no finetune runs
-    assert groups.index_of(parts.streams(120, 0)[0]) == 15
+    for pinned, decode_sms in (((132, 0), [132]), ((120, 0), [132, 120])):
+        config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"),
+                             tpot_slo_ms=1.0, pinned_partition=pinned)
+        runtime = HarvestRuntime(config)
+        parts = runtime.green_partitions(0)
+        assert (120, 0) in parts.pairs and (8, 112) in parts.pairs and (128, 0) not in parts.pairs
+        groups = StreamGroups(parts, runtime.graph_pairs(parts), pinned)
+        assert groups.decode_sms == decode_sms
+    assert driver.contexts == [tuple(range(15))]                    # the one decode prefix, no finetune runs
+    assert groups.index_of(parts.streams(120, 0)[0]) == 1 and groups.index_of(parts.streams(8, 0)[0]) is None
 
 
 def test_a_pinned_partition_the_split_cannot_form_is_refused_at_start_up(fake_driver):
