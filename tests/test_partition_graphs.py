@@ -155,17 +155,17 @@ def run_step(setup, decode_stream, batch_size):
 def test_one_capped_graph_set_per_group_used_keyed_as_replay_reads_them(graph_runner):
     """Pins defect 5: SGLang captured every cuda_graph_bs on every stream group, and harvest made a group of
     every formed decode partition. Now: group 0 (the whole device) holds every size, on SGLang's own capture
-    stream; only the 3 decode partitions wanted (the pinned 64 first, then the profile's spread) get a set, on
-    their own green stream, of sizes <= 16; nothing else is captured."""
+    stream; only the 3 decode partitions wanted most get a set, on their own green stream: the pinned 64
+    (every step runs there) every size, the 2 others sizes <= 16; nothing else is captured."""
     from sglang.srt.multiplex import pdmux_context
 
     runner, groups, parts = graph_runner.runner, graph_runner.groups, graph_runner.parts
-    assert groups.decode_sms == [132, 64, 8, 112]                               # pinned, then narrowest, widest
-    assert groups.uncaptured_sms == [*range(16, 57, 8), *range(72, 105, 8)]
+    assert groups.decode_sms == [132, 64, 8, 16]                                # pinned, then as wanted
+    assert groups.uncaptured_sms == [*range(24, 57, 8), *range(72, 113, 8)]
     stream_groups = pdmux_context.get_stream_groups()
     assert graph_runner.entered == [pair[1] for pair in stream_groups]           # one capture pass per group
     small = [bs for bs in CAPTURE_BS if bs <= 16]
-    expected = {0: CAPTURE_BS, 1: small, 2: small, 3: small}
+    expected = {0: CAPTURE_BS, 1: CAPTURE_BS, 2: small, 3: small}
     for group, sizes in expected.items():
         for bs in CAPTURE_BS:
             key = runner._make_graph_key(bs, group)                             # SGLang's key, as replay builds it
@@ -174,13 +174,13 @@ def test_one_capped_graph_set_per_group_used_keyed_as_replay_reads_them(graph_ru
                 graph = runner.graphs[key]
                 assert (graph.bs, graph.stream_idx, graph.stream) == (bs, group, stream_groups[group][1])
                 assert key in runner.output_buffers
-    assert len(runner.graphs) == len(CAPTURE_BS) + 3 * len(small)
+    assert len(runner.graphs) == 2 * len(CAPTURE_BS) + 2 * len(small)
     assert stream_groups[1][1] is parts.streams(64, 56)[0] and stream_groups[0][1] == ("side stream", 0)
     stats = groups.stats()
-    assert stats["captured_bs"] == [CAPTURE_BS, small, small, small]
+    assert stats["captured_bs"] == [CAPTURE_BS, CAPTURE_BS, small, small] and stats["max_bs"] == [None, None, 16, 16]
     # Each capture read the free memory before and after (1 MiB less per reading): 1 MiB per graph.
-    assert stats["capture_mib"] == [len(CAPTURE_BS), len(small), len(small), len(small)]
-    assert stats["total_capture_mib"] == len(CAPTURE_BS) + 3 * len(small)
+    assert stats["capture_mib"] == [len(CAPTURE_BS), len(CAPTURE_BS), len(small), len(small)]
+    assert stats["total_capture_mib"] == 2 * len(CAPTURE_BS) + 2 * len(small)
 
 
 def test_a_step_replays_the_graph_captured_on_its_own_stream_and_a_batch_over_the_cap_decodes_eagerly(graph_runner):
@@ -189,15 +189,27 @@ def test_a_step_replays_the_graph_captured_on_its_own_stream_and_a_batch_over_th
     kernels keep the primary context (every SM): can_run says no and the model runner runs it eagerly on the
     partition's stream. The whole device replays every size; a partition with no set decodes eagerly."""
     parts, runner, groups = graph_runner.parts, graph_runner.runner, graph_runner.groups
-    decode_64 = parts.streams(64, 56)[0]
-    graph = run_step(graph_runner, decode_64, 5)
-    assert (graph.stream_idx, graph.bs, graph.stream) == (1, 8, decode_64)
-    assert runner.model_runner.decode_attn_backend_group[1].replays == [8]      # the group's own backend
-    assert run_step(graph_runner, decode_64, 16).bs == 16
-    assert run_step(graph_runner, decode_64, 17) is None
+    decode_8 = parts.streams(8, 112)[0]
+    graph = run_step(graph_runner, decode_8, 5)
+    assert (graph.stream_idx, graph.bs, graph.stream) == (2, 8, decode_8)
+    assert runner.model_runner.decode_attn_backend_group[2].replays == [8]      # the group's own backend
+    assert run_step(graph_runner, decode_8, 16).bs == 16
+    assert run_step(graph_runner, decode_8, 17) is None
     assert groups.num_eager_steps == 1
     graph = run_step(graph_runner, None, 17)
     assert (graph.stream_idx, graph.bs) == (0, 24)
-    assert run_step(graph_runner, parts.streams(112, 8)[0], 3).stream_idx == 3
+    graph = run_step(graph_runner, parts.streams(64, 56)[0], 17)                # the pinned one holds every size
+    assert (graph.stream_idx, graph.bs) == (1, 24)
+    assert run_step(graph_runner, parts.streams(16, 104)[0], 3).stream_idx == 3
     assert run_step(graph_runner, parts.streams(32, 88)[0], 3) is None           # 32 SMs: no set of its own
     assert groups.num_eager_steps == 2 and groups.stats()["num_eager_steps"] == 2
+
+
+@pytest.mark.parametrize("field, value, message", [("partition_graph_sets", -1, "--partition-graph-sets must be >= 0"),
+                                                   ("partition_graph_max_bs", 0, "--partition-graph-max-bs must be >= 1")])
+def test_bad_graph_set_flags_are_one_line_errors(field, value, message):
+    from base.errors import HarvestError
+    from harvest.config import AdminConfig, ServeConfig
+
+    with pytest.raises(HarvestError, match=message):
+        ServeConfig(admin=AdminConfig(), **{field: value})

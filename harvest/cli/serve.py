@@ -41,9 +41,9 @@ def add_parser(subparsers) -> None:
     colocation.add_argument("--partition-graph-sets", type=int, default=4,
                             help="spatial on a GPU: decode partitions given a CUDA graph set of their own besides "
                             "the whole device's (default 4; each costs graph memory and capture time)")
-    colocation.add_argument("--partition-graph-max-bs", type=int, default=16,
-                            help="largest batch captured on a partition's graph set (default 16); a larger batch "
-                            "on a partition decodes eagerly on its SMs")
+    colocation.add_argument("--partition-graph-max-bs", type=int, default=None,
+                            help="largest batch captured on a partition's graph set (default: the largest the "
+                            "--profile's planner co-runs at); a larger batch on a partition decodes eagerly on its SMs")
     colocation.add_argument("--allow-synthetic-profile", action="store_true",
                             help="run on a SYNTHETIC --profile (made-up numbers, e.g. the shipped H100 one); "
                             "refused without this flag")

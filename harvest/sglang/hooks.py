@@ -99,18 +99,18 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
             import torch
 
             gpu_id = model_runner.gpu_id
-            config = runtime.config
-            groups = StreamGroups(partitions, runtime.graph_pairs(partitions), config.pinned_partition,
-                                  config.partition_graph_sets, config.partition_graph_max_bs,
-                                  lambda: torch.cuda.mem_get_info(gpu_id)[0])
+            # capture_bs: SGLang's batch sizes, set before maybe_init_pdmux (cuda_graph_runner.py:655-672).
+            pairs, max_bs = runtime.graph_plan(partitions, graph_runner.capture_bs)
+            groups = StreamGroups(partitions, pairs, runtime.config.pinned_partition,
+                                  runtime.config.partition_graph_sets, max_bs, lambda: torch.cuda.mem_get_info(gpu_id)[0])
             groups.install(gpu_id)
             model_runner.decode_attn_backend_group = [model_runner._get_attention_backend()
                                                       for _ in range(groups.num_groups)]
             graph_runner.enable_pdmux = True
             graph_runner.harvest_stream_groups = state["stream_groups"] = runtime.stream_groups = groups
             runtime.stream_groups_note = f"{groups.num_groups} (one decode graph set per partition stream)"
-            logger.info("harvest: decode CUDA graphs captured on %d streams, decode SMs %s, batch <= %d beside "
-                        "group 0", groups.num_groups, groups.decode_sms, groups.max_bs)
+            logger.info("harvest: decode CUDA graphs captured on %d streams, decode SMs %s, largest batch %s",
+                        groups.num_groups, groups.decode_sms, groups.group_max_bs)
         return maybe_init_pdmux(graph_runner, *args, **kwargs)
 
     @start_up_hook

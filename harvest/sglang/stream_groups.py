@@ -13,7 +13,8 @@ partition the planner can pick, each step selecting its group before the forward
 
 A graph set costs memory and capture time per group (SGLang captures every `cuda_graph_bs` on every group,
 cuda_graph_runner.py:915-928), so the extra groups are capped twice: at most `max_sets` decode partitions
-(the pinned one first), and only batch sizes <= `max_bs` on them. A step on a partition stream with no graph
+(the pinned one first, then those the planner co-runs on most), and only batch sizes <= `max_bs` on them
+(the largest batch the planner co-runs at; the pinned partition, where every step runs, holds all). A step on a partition stream with no graph
 for its batch runs eagerly on that stream (`can_replay`), never group 0's graph: that graph's kernels would
 keep the primary context and run on every SM, over the finetune partition beside it.
 """
@@ -22,15 +23,15 @@ import time
 
 SGLANG_GROUP = 0
 DEFAULT_MAX_SETS = 4
-DEFAULT_MAX_BS = 16
 
 
 class StreamGroups:
     def __init__(self, partitions, pairs: list[tuple[int, int]], pinned: tuple[int, int] | None = None,
-                 max_sets: int = DEFAULT_MAX_SETS, max_bs: int = DEFAULT_MAX_BS, free_bytes=None):
-        """`partitions`: GreenPartitions; `pairs`: the (infer_sms, ft_sms) partitions decode may run on; at most
-        `max_sets` distinct decode partitions get a graph set, the `pinned` one first. `max_bs`: the largest
-        batch captured on them. `free_bytes()`: the device's free memory (capture cost)."""
+                 max_sets: int = DEFAULT_MAX_SETS, max_bs: int | None = None, free_bytes=None):
+        """`partitions`: GreenPartitions; `pairs`: the (infer_sms, ft_sms) partitions decode may run on, most
+        wanted first; the first `max_sets` distinct decode partitions get a graph set, the `pinned` one before
+        all. `max_bs`: the largest batch captured on them (None: every size), but on the pinned one, where
+        every step runs. `free_bytes()`: the device's free memory."""
         self.num_sms = partitions.num_sms
         self.max_sets = max_sets
         self.max_bs = max_bs
@@ -39,7 +40,7 @@ class StreamGroups:
         self.decode_sms = [self.num_sms]                # per group: the SMs decode runs on
         pairs = [*([pinned] if pinned is not None else []), *pairs]
         self.uncaptured_sms = sorted({i for i, _ in pairs if i < self.num_sms})
-        for infer_sms in pinned_then_spread(pairs, self.num_sms, max_sets, pinned is not None):
+        for infer_sms in list(dict.fromkeys(i for i, _ in pairs if i < self.num_sms))[:max_sets]:
             decode_stream = partitions.decode_stream(infer_sms, next(f for i, f in pairs if i == infer_sms))
             if decode_stream is None or decode_stream in self._index:
                 continue
@@ -47,6 +48,8 @@ class StreamGroups:
             self.decode_sms.append(infer_sms)
             self.uncaptured_sms.remove(infer_sms)
         self._streams = [None, *self._index]
+        is_pinned = pinned is not None and pinned[0] < self.num_sms and max_sets > 0
+        self.group_max_bs = [None, *([None] if is_pinned else []), *[max_bs] * (self.num_groups - 1 - is_pinned)]
         self.captured_bs: list[set[int]] = [set() for _ in self.decode_sms]
         self.capture_s = [0.0] * self.num_groups
         self.capture_bytes = [0] * self.num_groups
@@ -90,7 +93,8 @@ class StreamGroups:
     # ---- CudaGraphRunner, through hooks.py ----
 
     def should_capture(self, stream_idx: int | None, bs: int) -> bool:
-        return stream_idx in (None, SGLANG_GROUP) or bs <= self.max_bs
+        limit = self.group_max_bs[stream_idx or SGLANG_GROUP]
+        return limit is None or bs <= limit
 
     def capture_one(self, capture, bs: int, stream_idx: int | None):
         """capture(): SGLang's capture_one_batch_size for one (group, batch size) of its capture loop, timed
@@ -130,20 +134,9 @@ class StreamGroups:
         return False
 
     def stats(self) -> dict:
-        return {"num_groups": self.num_groups, "decode_sms": self.decode_sms,
-                "max_sets": self.max_sets, "max_bs": self.max_bs, "uncaptured_decode_sms": self.uncaptured_sms,
+        return {"num_groups": self.num_groups, "decode_sms": self.decode_sms, "max_sets": self.max_sets,
+                "max_bs": self.group_max_bs, "uncaptured_decode_sms": self.uncaptured_sms,
                 "captured_bs": [sorted(bs) for bs in self.captured_bs],
                 "capture_s": [round(s, 3) for s in self.capture_s], "capture_mib": [b >> 20 for b in self.capture_bytes],
                 "total_capture_s": round(sum(self.capture_s), 3), "total_capture_mib": sum(self.capture_bytes) >> 20,
                 "num_eager_steps": self.num_eager_steps}
-
-
-def pinned_then_spread(pairs: list[tuple[int, int]], num_sms: int, max_sets: int, is_pinned: bool) -> list[int]:
-    """The decode SM counts that get a graph set: the pinned partition's (pairs[0]), then the others spread
-    evenly over their range, so a cap still leaves the planner narrow and wide decode partitions."""
-    first = [pairs[0][0]] if is_pinned and pairs[0][0] < num_sms else []
-    rest = sorted({i for i, _ in pairs if i < num_sms} - set(first))
-    num_rest = max(max_sets - len(first), 0)
-    if len(rest) > num_rest:
-        rest = [rest[round(k * (len(rest) - 1) / max(num_rest - 1, 1))] for k in range(num_rest)]
-    return [*first, *rest][:max_sets]
