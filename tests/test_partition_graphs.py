@@ -4,11 +4,13 @@ with harvest's hooks around them (defect 5 of issue 30: one full set per stream 
 What is patched, and why: `CudaGraphRunner.capture_one_batch_size` records what it is asked to capture (batch
 size, group, the stream capture() entered) instead of creating a torch.cuda.CUDAGraph, synchronizing the
 device and running the model twice: all three need CUDA. `graph_capture` (parallel_state) yields the stream it
-is given without the TP group's stream switch (no torch.distributed here); `get_available_gpu_memory` and the
-TP rank read the device and the TP group. The green contexts come from the fake driver of
-test_green_partitions_driver.py. SGLang's capture loop over groups and batch sizes, its graph keys, can_run,
-replay_prepare's padding and replay are its own code, run as is; `__init__` is not run (it builds attention
-backends and input buffers on a CUDA device), the runner gets the attributes it would have set.
+is given without the TP group's stream switch (no torch.distributed here); `get_available_gpu_memory`, the TP
+rank and `enable_num_token_non_padded` read the device, the TP group and the MoE EP group. The green contexts
+come from the fake driver of test_green_partitions_driver.py; attention backends are recorders. Run as is:
+SGLang's capture loop over groups and batch sizes, its graph keys, maybe_init_pdmux, can_run, replay_prepare's
+padding (DecodeInputBuffers on the CPU), replay, and ModelRunner._forward_raw's graph-or-eager dispatch.
+`__init__` is not run (it builds attention backends and buffers on a CUDA device and captures at once): the
+runner gets the attributes it would have set, and harvest's hooks wrap the methods as HookRegistry's AROUND does (original first).
 """
 
 from types import SimpleNamespace
@@ -134,21 +136,29 @@ def decode_batch(batch_size):
         forward_mode=ForwardMode.DECODE, input_ids=ints(5), req_pool_indices=ints(0), seq_lens=ints(9),
         seq_lens_cpu=ints(9), out_cache_loc=ints(3), positions=ints(8), mrope_positions=None, encoder_lens=None,
         mamba_track_indices=None, mamba_track_mask=None, ngram_embedding_info=None, out_cache_loc_swa=None,
-        seq_lens_sum=9 * batch_size, lora_ids=None)
+        seq_lens_sum=9 * batch_size, lora_ids=None, global_num_tokens_cpu=None, num_token_non_padded=None,
+        prepare_attn_tp_scatter_input=lambda model_runner: None)
 
 
 def run_step(setup, decode_stream, batch_size):
-    """What a spatial step does: select the partition's group (StepStreams.run), then SGLang's model runner
-    replays a graph if can_run says so (model_runner.py _forward_raw), else runs the forward eagerly."""
+    """What a spatial step does: select the partition's group (StepStreams.run), then SGLang's own
+    ModelRunner._forward_raw replays a graph if the runner's can_run says so, else calls forward_decode (the
+    eager forward, here recorded). The graph replayed, or None where the step decoded eagerly."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
     setup.groups.select(decode_stream)
     batch = decode_batch(batch_size)
-    if not setup.runner.can_run(batch):
-        return None
+    eager = []
+    model_runner = SimpleNamespace(device="cuda", graph_runner=setup.runner, hisparse_coordinator=None,
+                                   forward_decode=lambda forward_batch, **kwargs: eager.append(forward_batch))
     before = {key: graph.num_replays for key, graph in setup.runner.graphs.items()}
-    output = setup.runner.replay(batch)
-    assert output.next_token_logits.shape[0] == batch_size
+    output = ModelRunner._forward_raw(model_runner, batch, skip_attn_backend_init=False, pp_proxy_tensors=None)
     replayed = [key for key, graph in setup.runner.graphs.items() if graph.num_replays != before[key]]
-    assert len(replayed) == 1
+    if not output.can_run_graph:
+        assert eager == [batch] and replayed == []
+        return None
+    assert eager == [] and len(replayed) == 1
+    assert output.logits_output.next_token_logits.shape[0] == batch_size
     return setup.runner.graphs[replayed[0]]
 
 
@@ -186,8 +196,8 @@ def test_one_capped_graph_set_per_group_used_keyed_as_replay_reads_them(graph_ru
 def test_a_step_replays_the_graph_captured_on_its_own_stream_and_a_batch_over_the_cap_decodes_eagerly(graph_runner):
     """The graph a step replays is the one captured on its partition's stream, padded as SGLang pads (5 -> 8);
     a batch over the cap (17 -> would pad to 24, not captured there) is not sent to group 0's graph, whose
-    kernels keep the primary context (every SM): can_run says no and the model runner runs it eagerly on the
-    partition's stream. The whole device replays every size; a partition with no set decodes eagerly."""
+    kernels keep the primary context (every SM): can_run says no and SGLang's model runner runs it eagerly, on
+    the partition's stream. The whole device replays every size; a partition with no set decodes eagerly."""
     parts, runner, groups = graph_runner.parts, graph_runner.runner, graph_runner.groups
     decode_8 = parts.streams(8, 112)[0]
     graph = run_step(graph_runner, decode_8, 5)
