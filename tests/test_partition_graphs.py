@@ -10,7 +10,7 @@ come from the fake driver of test_green_partitions_driver.py; attention backends
 SGLang's capture loop over groups and batch sizes, its graph keys, maybe_init_pdmux, can_run, replay_prepare's
 padding (DecodeInputBuffers on the CPU), replay, and ModelRunner._forward_raw's graph-or-eager dispatch.
 `__init__` is not run (it builds attention backends and buffers on a CUDA device and captures at once): the
-runner gets the attributes it would have set, and harvest's hooks wrap the methods as HookRegistry's AROUND does (original first).
+runner gets the attributes it would have set; harvest's hooks wrap the methods as HookRegistry's AROUND does.
 """
 
 from types import SimpleNamespace
@@ -215,8 +215,9 @@ def test_a_step_replays_the_graph_captured_on_its_own_stream_and_a_batch_over_th
     assert groups.num_eager_steps == 2 and groups.stats()["num_eager_steps"] == 2
 
 
-@pytest.mark.parametrize("field, value, message", [("partition_graph_sets", -1, "--partition-graph-sets must be >= 0"),
-                                                   ("partition_graph_max_bs", 0, "--partition-graph-max-bs must be >= 1")])
+@pytest.mark.parametrize("field, value, message",
+                         [("partition_graph_sets", -1, "--partition-graph-sets must be >= 0"),
+                          ("partition_graph_max_bs", 0, "--partition-graph-max-bs must be >= 1")])
 def test_bad_graph_set_flags_are_one_line_errors(field, value, message):
     from base.errors import HarvestError
     from harvest.config import AdminConfig, ServeConfig

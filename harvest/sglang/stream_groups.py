@@ -12,11 +12,12 @@ own (the whole device, every batch size SGLang captures); group k >= 1 is the de
 partition the planner can pick, each step selecting its group before the forward.
 
 A graph set costs memory and capture time per group (SGLang captures every `cuda_graph_bs` on every group,
-cuda_graph_runner.py:915-928), so the extra groups are capped twice: at most `max_sets` decode partitions
+cuda_graph_runner.py:913-928), so the extra groups are capped twice: at most `max_sets` decode partitions
 (the pinned one first, then those the planner co-runs on most), and only batch sizes <= `max_bs` on them
-(the largest batch the planner co-runs at; the pinned partition, where every step runs, holds all). A step on a partition stream with no graph
-for its batch runs eagerly on that stream (`can_replay`), never group 0's graph: that graph's kernels would
-keep the primary context and run on every SM, over the finetune partition beside it.
+(the largest batch the planner co-runs at; the pinned partition, where every step runs, holds all). A step
+on a partition stream with no graph for its batch runs eagerly on that stream (`can_replay`), never through
+group 0's graph: that graph's kernels would keep the primary context and run on every SM, over the finetune
+partition beside it.
 """
 
 import time
@@ -104,7 +105,7 @@ class StreamGroups:
             return None, None
         group = stream_idx or SGLANG_GROUP
         # The device's free memory, not the graph pool's: the two warm-up forwards SGLang runs before each
-        # capture grow torch's cache too (cuda_graph_runner.py:1176), and that is start-up cost as well.
+        # capture grow torch's cache too (cuda_graph_runner.py:1184), and that is start-up cost as well.
         free_before = self._free_bytes() if self._free_bytes else 0
         started = time.perf_counter()
         result = capture()
@@ -137,6 +138,7 @@ class StreamGroups:
         return {"num_groups": self.num_groups, "decode_sms": self.decode_sms, "max_sets": self.max_sets,
                 "max_bs": self.group_max_bs, "uncaptured_decode_sms": self.uncaptured_sms,
                 "captured_bs": [sorted(bs) for bs in self.captured_bs],
-                "capture_s": [round(s, 3) for s in self.capture_s], "capture_mib": [b >> 20 for b in self.capture_bytes],
+                "capture_s": [round(s, 3) for s in self.capture_s],
+                "capture_mib": [b >> 20 for b in self.capture_bytes],
                 "total_capture_s": round(sum(self.capture_s), 3), "total_capture_mib": sum(self.capture_bytes) >> 20,
                 "num_eager_steps": self.num_eager_steps}
