@@ -46,6 +46,13 @@ class ServeConfig:
     """Mapping granularity of the KV pool (`--kv-block-kib`): 2 MiB on CUDA; host pages allow smaller."""
     pinned_partition: tuple[int, int] | None = None
     """Spatial co-location on this one (infer, ft) partition every step, no planner (`--pin-partition`)."""
+    partition_graph_sets: int = 4
+    """Decode partitions that get a CUDA graph set of their own besides the whole device's
+    (`--partition-graph-sets`): each set costs capture time and graph memory; the planner picks only these."""
+    partition_graph_max_bs: int | None = None
+    """Largest batch captured on a partition's graph set (`--partition-graph-max-bs`); a larger batch on a
+    partition decodes eagerly on its stream. None: the largest the planner co-runs at (every size without a
+    profile, on the one pinned partition)."""
     publish_to: tuple[str, ...] = ()
     """Further SGLang workers that load every published version (`--publish-to URL`): a PD deployment's
     prefill workers, which compute the prompts of requests naming the adapter."""
@@ -65,6 +72,10 @@ class ServeConfig:
             infer, ft = self.pinned_partition
             if infer < 1 or ft < 0:
                 raise HarvestError(f"--pin-partition needs INFER >= 1 and FT >= 0, got {infer},{ft}")
+        if self.partition_graph_sets < 0:
+            raise HarvestError(f"--partition-graph-sets must be >= 0, got {self.partition_graph_sets}")
+        if self.partition_graph_max_bs is not None and self.partition_graph_max_bs < 1:
+            raise HarvestError(f"--partition-graph-max-bs must be >= 1, got {self.partition_graph_max_bs}")
         if self.publish_to and self.finetune is None:
             raise HarvestError("--publish-to needs --finetune: it says where the job's adapter is published")
         for url in self.publish_to:

@@ -29,6 +29,8 @@ class HarvestRuntime:
         self.lender = None
         self.partitions = None
         self.stream_groups_note = "none (decode on SGLang's own streams, the whole device)"
+        self.stream_groups = None
+        """The decode graph sets per partition stream (harvest.sglang.hooks sets it on a spatial GPU worker)."""
         self.kv_lending_note = "off (no --finetune)" if config.finetune is None else "off (--no-kv-lending)"
         self._running: dict[int, DecodeStep] = {}
         self._admin_server = None
@@ -59,8 +61,8 @@ class HarvestRuntime:
         self.kv_lending_note = f"off ({reason})"
 
     def spatial_partitions(self, device_index: int):
-        """Spatial mode: the worker's partitions, built once: SM partitions on green contexts (with the contexts
-        of every co-run partition the planner may pick) on a GPU, core sets on a CPU host; None in temporal mode."""
+        """Spatial mode: the worker's partitions, built once: SM partitions on green contexts on a GPU (contexts
+        made as asked: prepare_co_run_contexts, stream groups), core sets on a CPU host; None in temporal mode."""
         if not self.is_spatial:
             return None
         if self.partitions is None:
@@ -72,13 +74,58 @@ class HarvestRuntime:
         partitions = self.spatial_partitions(device_index)
         return partitions if partitions is not None and self.config.finetune.device.startswith("cuda") else None
 
+    def graph_plan(self, partitions, capture_bs: list[int]) -> tuple[list[tuple[int, int]], int | None]:
+        """(the partitions whose decode may get a graph set besides the pinned one, most wanted first; the
+        largest batch their sets hold, None: every one of capture_bs, SGLang's). With a profile: those the
+        planner co-runs on most over capture_bs and three KV lengths, then the rest it may pick, up to the
+        largest batch it co-runs at on the first --partition-graph-sets of them (or --partition-graph-max-bs).
+        A worker pinned without a profile (profiling): none, so a partition pinned later through the admin
+        API decodes eagerly."""
+        config = self.config
+        if self.profile is None:
+            return [], config.partition_graph_max_bs
+        from collections import defaultdict
+
+        from predictor import SplitPlanner
+
+        planner = SplitPlanner(self.profile, config.tpot_slo_ms, pairs=partitions.pairs)
+        co_run_bs = defaultdict(list)                  # decode SMs -> the batches the planner co-runs on them
+        for batch_size in capture_bs:
+            for seq_len in (128.0, 1024.0, 4096.0):
+                decision = planner.plan(batch_size, seq_len, has_ready_work=True)
+                if decision.ft_sms:
+                    co_run_bs[decision.infer_sms].append(batch_size)
+        pairs = sorted(partitions.pairs, key=lambda pair: -len(co_run_bs[pair[0]]))
+        if config.partition_graph_max_bs is not None:
+            return pairs, config.partition_graph_max_bs
+        chosen = list(dict.fromkeys(i for i, _ in pairs))[:config.partition_graph_sets]
+        return pairs, max((bs for i in chosen for bs in co_run_bs[i]), default=min(capture_bs))
+
+    def planner_pairs(self, partitions) -> list[tuple[int, int]]:
+        """The partitions the planner may pick: formed on the device and, where decode replays graphs per
+        partition, with a graph set for their decode. The profile was measured on graph replays: a partition
+        left without a set (over --partition-graph-sets) decodes eagerly, slower than predicted."""
+        if self.stream_groups is None:
+            return partitions.pairs
+        return [(i, f) for i, f in partitions.pairs if self.stream_groups.has_graphs(i)]
+
+    def prepare_co_run_contexts(self, partitions) -> None:
+        """With a profile, the planner may pick any of its co-run partitions at any step: their green contexts
+        are made at start-up. A profiling worker makes a finetune context at its first pin instead (~136 on an
+        H100), in the visit's warm-up."""
+        if self.profile is not None and hasattr(partitions, "prepare"):
+            partitions.prepare([(i, f) for i, f in self.planner_pairs(partitions) if f > 0])
+
     def start(self, serve_admin: bool, device_index: int = 0) -> None:
         """The scheduler is built: build the controller, start the finetune job's construction and the admin API.
         device_index: the worker's CUDA device (SGLang's gpu_id)."""
         if self.config.finetune is not None:
             partitions = self.spatial_partitions(device_index)
+            if partitions is not None:
+                self.prepare_co_run_contexts(partitions)
             self.controller = _build_controller(self.config, self.profile, partitions, self.lender, device_index,
-                                                self.served_weights)
+                                                self.served_weights,
+                                                None if partitions is None else self.planner_pairs(partitions))
             self.job.publisher = self.publisher
             self.job.start()
         if serve_admin:
@@ -170,6 +217,8 @@ class HarvestRuntime:
         if self.controller is not None:
             snapshot["finetune"] = self.job.stats()
             snapshot["colocation"] = {**self.controller.stats(), "decode_stream_groups": self.stream_groups_note}
+            if self.stream_groups is not None:
+                snapshot["colocation"]["decode_graph_sets"] = self.stream_groups.stats()
             snapshot["memory"] = {"kv_lending": self.kv_lending_note,
                                   **(self.lender.stats() if self.lender is not None else {})}
         return snapshot
@@ -208,7 +257,8 @@ def _is_spatial(config: ServeConfig, profile) -> bool:
     return config.finetune.device.startswith("cuda") or profile.is_cpu
 
 
-def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0, served_weights=None):
+def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0, served_weights=None,
+                      pairs=None):
     """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
     measured time, so no prediction can be wrong (stats say so). device_index: the worker's CUDA device,
     named in the job's device (a bare "cuda" means device 0 in the spatial unit thread, whatever SGLang set)."""
@@ -222,7 +272,7 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
     if profile is not None:
         from predictor import SplitPlanner
 
-        planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=None if partitions is None else partitions.pairs)
+        planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
     if finetune_config.max_unit_ms is None:
         # With a profile, a unit no longer than the shortest decode step: a pause (or a batch arriving while
         # the device is idle and finetuning) takes effect within one step, but for a unit whose fixed cost is
@@ -263,10 +313,6 @@ def _spatial_partitions(config: ServeConfig, profile, device_index: int):
             raise HarvestError(f"--pin-partition {config.pinned_partition}: the driver split this GPU's "
                                f"{partitions.num_sms} SMs into groups {partitions.group_sms}, which form no such "
                                "partition (decode a prefix of whole groups, finetune the groups right after)")
-        if pairs is not None:
-            # The planner may pick any co-run partition at any step: its contexts are made now. A profiling
-            # worker makes a finetune context at its first pin instead (~136 on an H100), in the visit's warm-up.
-            partitions.prepare([(i, f) for i, f in partitions.pairs if f > 0])
         return partitions
     from harvest.colocation.core_partitions import CorePartitions
 

@@ -127,7 +127,7 @@ def test_stream_groups_give_each_decode_partition_the_planner_can_pick_one_graph
     co_run = [(i, f) for i, f in parts.pairs if f]
     assert co_run == [(64, 56), (64, 48), (32, 88)]          # (64, 64) cannot be formed: no group, no graphs
     parts.prepare(co_run)
-    groups = StreamGroups(parts, co_run)
+    groups = StreamGroups(parts, sorted(co_run))
     decode_32, decode_64 = parts.streams(32, 88)[0], parts.streams(64, 56)[0]
     assert parts.streams(64, 48)[0] is decode_64              # one decode prefix, one stream, one graph set
     assert groups.num_groups == 3 and groups.decode_sms == [132, 32, 64]
@@ -144,8 +144,8 @@ def test_stream_groups_give_each_decode_partition_the_planner_can_pick_one_graph
     assert pdmux_context.get_current_stream_idx() == 0
     assert groups.select(decode_64) == 2 and pdmux_context.get_current_stream_idx() == 2
     assert groups.select(None) == 0 and pdmux_context.get_current_stream_idx() == 0
-    with pytest.raises(KeyError):
-        groups.select(("stream", 999))                        # a stream with no captured graphs is refused
+    assert groups.select(("stream", 999)) is None             # a stream with no graph set decodes eagerly
+    assert pdmux_context.get_current_stream_idx() == 0
 
 
 def test_the_runtime_builds_partitions_on_the_workers_device_and_plans_only_formed_ones(fake_driver):
@@ -173,6 +173,7 @@ def test_the_runtime_builds_partitions_on_the_workers_device_and_plans_only_form
     assert co_run_pairs and set(co_run_pairs) < set(profiled)
     assert all(i + f <= 120 for i, f in co_run_pairs)                          # what 15 groups of 8 form
     decode_prefixes = {i for i, _ in co_run_pairs}
+    runtime.prepare_co_run_contexts(parts)                                     # start(), without decode graphs
     assert parts.num_contexts == len(decode_prefixes) + len(co_run_pairs)      # one finetune run per pair
 
     def co_runs(planner) -> set:
@@ -182,6 +183,47 @@ def test_the_runtime_builds_partitions_on_the_workers_device_and_plans_only_form
 
     assert co_runs(SplitPlanner(runtime.profile, 100.0)) - set(parts.pairs)    # e.g. (112, 16): 128 SMs
     assert not co_runs(SplitPlanner(runtime.profile, 100.0, pairs=parts.pairs)) - set(co_run_pairs)
+
+
+def test_with_decode_graphs_per_partition_the_planner_picks_and_prepares_only_partitions_with_a_graph_set(
+        fake_driver):
+    """Pins defect 5 (issue 30): the planner could pick, and start-up made green contexts for, every co-run
+    partition of the profile. With --partition-graph-sets 2 only the two decode partitions the planner co-runs
+    on most get graphs; the planner, its decisions over a grid of batches, and the contexts made at start-up
+    keep to them (a partition without a set would decode eagerly, slower than the profile says)."""
+    import dataclasses
+    from pathlib import Path
+
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.runtime import HarvestRuntime
+    from harvest.sglang.stream_groups import StreamGroups
+    from predictor import SplitPlanner
+    from predictor.synthetic_profile import SHIPPED_PATH
+
+    driver = fake_driver(132, [8] * 16, 4)
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"), tpot_slo_ms=100.0,
+                         profile_path=str(Path(SHIPPED_PATH)), partition_graph_sets=2)
+    runtime = HarvestRuntime(config)
+    parts = runtime.green_partitions(0)
+    capture_bs = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    pairs, max_bs = runtime.graph_plan(parts, capture_bs)
+    runtime.stream_groups = StreamGroups(parts, pairs, None, config.partition_graph_sets, max_bs)
+    # The synthetic H100 profile co-runs decode on 112 SMs at small batches, on 88 at batch 256.
+    assert runtime.stream_groups.decode_sms == [132, 112, 88] and max_bs == 256
+    explicit = HarvestRuntime(dataclasses.replace(config, partition_graph_max_bs=16))
+    assert explicit.graph_plan(parts, capture_bs) == (pairs, 16)
+    with_graphs = set(runtime.stream_groups.decode_sms[1:])
+    assert len(with_graphs) == 2 and len({i for i, _ in parts.pairs if i < 132}) > 2
+    pairs = runtime.planner_pairs(parts)
+    assert pairs and {i for i, f in pairs if i < 132} == with_graphs
+    runtime.prepare_co_run_contexts(parts)
+    co_run = [(i, f) for i, f in pairs if f]
+    assert len(driver.contexts) == len(with_graphs) + len(co_run)               # nothing for the others
+    planner = SplitPlanner(runtime.profile, 100.0, pairs=pairs)
+    decisions = {(d.infer_sms, d.ft_sms) for d in (planner.plan(b, s, has_ready_work=True)
+                                                    for b in (1, 8, 64, 256) for s in (0.0, 512.0, 4096.0))}
+    assert {i for i, f in decisions if f} <= with_graphs and any(f for _, f in decisions)
 
 
 def test_the_gpu_profiled_device_samples_only_partitions_its_split_forms(fake_driver):
@@ -215,25 +257,30 @@ def test_a_gpu_split_of_one_group_cannot_co_run(fake_driver):
         gpu_device(0).check_co_run()
 
 
-def test_a_pinned_gpu_worker_without_a_profile_captures_a_decode_graph_per_decode_prefix(fake_driver):
-    """The profiler pins solo partitions too, e.g. (120, 0), whose decode side no co-run partition has: each
-    formed decode prefix gets its stream group (decode graphs), or the pinned step finds none (KeyError)."""
+def test_a_pinned_gpu_worker_without_a_profile_captures_decode_graphs_for_its_pinned_partition_only(fake_driver):
+    """Pins defect 5 (issue 30): a worker pinned without a profile (the profiler's) made a stream group, so a
+    full decode graph set, of every formed decode prefix (15 here, 16-17 on an H100). Now only the pinned
+    partition's decode gets one; the profiler pins solo partitions too, e.g. (120, 0): the whole device needs
+    no extra set, (120, 0) gets one, and a partition pinned later decodes eagerly (no set, select -> None)."""
     from harvest.config import AdminConfig, ServeConfig
     from harvest.finetune import FinetuneConfig
     from harvest.runtime import HarvestRuntime
     from harvest.sglang.stream_groups import StreamGroups
 
     driver = fake_driver(132, [8] * 15, 12)
-    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"), tpot_slo_ms=1.0,
-                         pinned_partition=(132, 0))
-    runtime = HarvestRuntime(config)
-    parts = runtime.green_partitions(0)
-    assert driver.contexts == []                                    # finetune contexts come with their first pin
-    assert (120, 0) in parts.pairs and (8, 112) in parts.pairs and (128, 0) not in parts.pairs
-    groups = StreamGroups(parts, parts.pairs)
-    assert groups.decode_sms == [132, *range(8, 121, 8)]
-    assert driver.contexts == [tuple(range(n)) for n in range(1, 16)]   # decode prefixes only, no finetune runs
-    assert groups.index_of(parts.streams(120, 0)[0]) == 15
+    for pinned, decode_sms in (((132, 0), [132]), ((120, 0), [132, 120])):
+        config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"),
+                             tpot_slo_ms=1.0, pinned_partition=pinned)
+        runtime = HarvestRuntime(config)
+        parts = runtime.green_partitions(0)
+        assert (120, 0) in parts.pairs and (8, 112) in parts.pairs and (128, 0) not in parts.pairs
+        pairs, max_bs = runtime.graph_plan(parts, [1, 2, 4, 8])
+        assert (pairs, max_bs) == ([], None)                            # no profile: every size, pinned only
+        groups = StreamGroups(parts, pairs, pinned, max_bs=max_bs)
+        assert groups.decode_sms == decode_sms
+    assert driver.contexts == [tuple(range(15))]                    # the one decode prefix, no finetune runs
+    assert groups.index_of(parts.streams(120, 0)[0]) == 1 and groups.index_of(parts.streams(8, 0)[0]) is None
+    assert groups.group_max_bs == [None, None]
 
 
 def test_a_pinned_partition_the_split_cannot_form_is_refused_at_start_up(fake_driver):

@@ -38,6 +38,12 @@ def add_parser(subparsers) -> None:
                             help="spatial co-location on this one partition every step, no planner: decode on INFER "
                             "SMs (CPU: cores), finetune beside it on FT (profiling, benchmarks). A --profile with "
                             "co-run partitions makes the worker spatial by itself, the planner choosing per step")
+    colocation.add_argument("--partition-graph-sets", type=int, default=4,
+                            help="spatial on a GPU: decode partitions given a CUDA graph set of their own besides "
+                            "the whole device's (default 4; each costs graph memory and capture time)")
+    colocation.add_argument("--partition-graph-max-bs", type=int, default=None,
+                            help="largest batch captured on a partition's graph set (default: the largest the "
+                            "--profile's planner co-runs at); a larger batch on a partition decodes eagerly on its SMs")
     colocation.add_argument("--allow-synthetic-profile", action="store_true",
                             help="run on a SYNTHETIC --profile (made-up numbers, e.g. the shipped H100 one); "
                             "refused without this flag")
@@ -82,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         kv_lending=not args.no_kv_lending,
         kv_block_kib=args.kv_block_kib,
         pinned_partition=_partition_flag(args.pin_partition),
+        partition_graph_sets=args.partition_graph_sets,
+        partition_graph_max_bs=args.partition_graph_max_bs,
         publish_to=tuple(args.publish_to),
     )
     if config.profile_path is not None:

@@ -2,6 +2,7 @@
 graphs (an `%smid` probe), the stream hand-off race, decode latency beside a saturating finetune partition."""
 
 import ctypes
+import time
 
 from harvest.doctor.check import FAIL, INFO, PASS, Check
 from harvest.doctor.gpu_memory_checks import driver_value
@@ -109,14 +110,20 @@ def gpu_confine() -> dict:
     overlap = set(out_a.tolist()) & set(out_b.tolist())
     # A graph captured on a primary-context side stream (SGLang's CudaGraphRunner) and one captured on the
     # decode partition's stream, both replayed on the decode stream.
-    graphs = {}
+    graphs, capture = {}, {}
     for label, capture_stream in (("captured_primary", torch.cuda.Stream()), ("captured_green", decode)):
         out = torch.full((blocks,), -1, dtype=torch.int32, device="cuda")
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         try:
+            free_before, started = torch.cuda.mem_get_info()[0], time.perf_counter()
             with torch.cuda.graph(graph, stream=capture_stream):
                 _launch(kernel, capture_stream.cuda_stream, out, spin)
+            torch.cuda.synchronize()
+            # One probe kernel: the fixed cost of a capture on this stream; a worker's decode sets are in its
+            # stats (colocation.decode_graph_sets: capture_s, capture_mib per group).
+            capture[label] = {"ms": round((time.perf_counter() - started) * 1e3, 2),
+                              "kib": (free_before - torch.cuda.mem_get_info()[0]) >> 10}
             out.fill_(-1)
             torch.cuda.synchronize()
             with torch.cuda.stream(decode):
@@ -129,7 +136,7 @@ def gpu_confine() -> dict:
           and isinstance(graphs.get("captured_green"), int) and graphs["captured_green"] <= half)
     return {"status": PASS if ok else FAIL, "device_sms": len(eager_all), "decode_partition_sms": len(eager_decode),
             "finetune_partition_sms": len(eager_finetune), "concurrent_overlap": len(overlap),
-            "graph_replayed_on_decode_stream_sms": graphs}
+            "graph_replayed_on_decode_stream_sms": graphs, "graph_capture": capture}
 
 
 def gpu_handoff() -> dict:

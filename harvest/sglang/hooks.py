@@ -9,6 +9,8 @@ Hooked (the SGLang of version.py: disaggregation/decode.py event loops, model_ru
   Scheduler.get_init_info         AFTER   scheduler built: hand the job the served weights (served_weights.py),
                                           start the finetune job and the admin server
   CudaGraphRunner.maybe_init_pdmux AROUND  spatial mode: decode graphs captured per partition stream
+  CudaGraphRunner.capture, capture_one_batch_size, can_run  AROUND  the partition streams' sets capped in
+                                          batch size and timed; a batch over the cap decodes eagerly
   Scheduler.run_batch             AROUND  a decode step: plan it, note its shape and start time, run it on
                                           its partition's stream (step_streams.py)
   Scheduler.process_batch_result  AFTER   its tokens are out: time it, give finetune what it left
@@ -94,17 +96,22 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         model_runner = graph_runner.model_runner
         partitions = None if model_runner.is_draft_worker else runtime.green_partitions(model_runner.gpu_id)
         if partitions is not None:
-            # Every partition formed, solo ones too: decode may be pinned to any (admin API, profiling), and a
-            # step on a decode stream with no graphs captured on it would find none (StreamGroups.index_of).
-            groups = StreamGroups(partitions, partitions.pairs)
-            groups.install(model_runner.gpu_id)
+            import torch
+
+            gpu_id = model_runner.gpu_id
+            # capture_bs: SGLang's batch sizes, set before maybe_init_pdmux (cuda_graph_runner.py:655-672).
+            pairs, max_bs = runtime.graph_plan(partitions, graph_runner.capture_bs)
+            groups = StreamGroups(partitions, pairs, runtime.config.pinned_partition,
+                                  runtime.config.partition_graph_sets, max_bs,
+                                  lambda: torch.cuda.mem_get_info(gpu_id)[0])
+            groups.install(gpu_id)
             model_runner.decode_attn_backend_group = [model_runner._get_attention_backend()
                                                       for _ in range(groups.num_groups)]
             graph_runner.enable_pdmux = True
-            state["stream_groups"] = groups
+            graph_runner.harvest_stream_groups = state["stream_groups"] = runtime.stream_groups = groups
             runtime.stream_groups_note = f"{groups.num_groups} (one decode graph set per partition stream)"
-            logger.info("harvest: decode CUDA graphs captured on %d streams, decode SMs %s",
-                        groups.num_groups, groups.decode_sms)
+            logger.info("harvest: decode CUDA graphs captured on %d streams, decode SMs %s, largest batch %s",
+                        groups.num_groups, groups.decode_sms, groups.group_max_bs)
         return maybe_init_pdmux(graph_runner, *args, **kwargs)
 
     @start_up_hook
@@ -202,6 +209,10 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         return result
 
     HookRegistry.register(f"{CUDA_GRAPH_RUNNER}.maybe_init_pdmux", around_maybe_init_pdmux, HookType.AROUND)
+    HookRegistry.register(f"{CUDA_GRAPH_RUNNER}.capture", around_capture, HookType.AROUND)
+    HookRegistry.register(f"{CUDA_GRAPH_RUNNER}.capture_one_batch_size", around_capture_one_batch_size,
+                          HookType.AROUND)
+    HookRegistry.register(f"{CUDA_GRAPH_RUNNER}.can_run", around_can_run, HookType.AROUND)
     HookRegistry.register(f"{MODEL_RUNNER}._init_pools", around_init_pools, HookType.AROUND)
     HookRegistry.register(f"{SCHEDULER}.get_init_info", after_init_info, HookType.AFTER)
     HookRegistry.register(f"{SCHEDULER}.run_batch", around_run_batch, HookType.AROUND)
@@ -212,6 +223,31 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
                           HookType.AROUND)
     HookRegistry.register(f"{SCHEDULER}.unload_lora_adapter", around_unload_lora, HookType.AROUND)
     HookRegistry.apply_hooks()
+
+
+def around_capture(capture, graph_runner, *args, **kwargs):
+    """SGLang's capture loop, less the (group, batch size) entries harvest skipped (stream_groups.py)."""
+    result = capture(graph_runner, *args, **kwargs)
+    groups = getattr(graph_runner, "harvest_stream_groups", None)
+    if groups is not None:
+        groups.drop_skipped(graph_runner.graphs, graph_runner.output_buffers)
+    return result
+
+
+def around_capture_one_batch_size(capture_one, graph_runner, bs, forward, stream_idx=None):
+    """A partition stream's set holds batch sizes <= its cap only; each capture timed and its memory counted."""
+    groups = getattr(graph_runner, "harvest_stream_groups", None)
+    if groups is None:
+        return capture_one(graph_runner, bs, forward, stream_idx)
+    return groups.capture_one(lambda: capture_one(graph_runner, bs, forward, stream_idx), bs, stream_idx)
+
+
+def around_can_run(can_run, graph_runner, forward_batch, *args, **kwargs):
+    """A batch with no graph on the selected partition stream decodes eagerly there (StreamGroups.can_replay)."""
+    groups = getattr(graph_runner, "harvest_stream_groups", None)
+    if not can_run(graph_runner, forward_batch, *args, **kwargs):
+        return False
+    return groups is None or groups.can_replay(forward_batch.batch_size)
 
 
 def publishing_of(config: ServeConfig):
