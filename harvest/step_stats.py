@@ -44,6 +44,8 @@ class DecodeStep:
     """The part of finetune_ms spent lending KV chunks to the job or reclaiming them for decode."""
     overrun_ms: float = 0.0
     """The part of finetune_ms by which the slice's units outran the estimates they were admitted by."""
+    planned_ms: float = 0.0
+    """The estimates the slice's units were admitted by: the slice as the controller planned it."""
 
     @property
     def mean_seq_len(self) -> float:
@@ -74,7 +76,7 @@ class StepStats:
                 "publish_ms": round(step.publish_ms, 4),
                 "finetune_tokens": step.finetune_tokens, "ft_sms": step.ft_sms,
                 "co_run_tail_ms": round(step.co_run_tail_ms, 4), "memory_ms": round(step.memory_ms, 4),
-                "overrun_ms": round(step.overrun_ms, 4),
+                "overrun_ms": round(step.overrun_ms, 4), "planned_ms": round(step.planned_ms, 4),
             })
 
     def steps_since(self, seq: int, limit: int) -> list[dict]:
@@ -112,9 +114,11 @@ def miss_cause(step: dict, tpot_slo_ms: float) -> str | None:
     "co_run": decode on its partition beside the job, or the wait for the co-run unit after it;
     "wait": an idle-time unit, or SGLang loading a published adapter, the batch waited for;
     "memory": lending KV to the job or reclaiming it for decode;
-    "overrun": slice units that ran longer than the estimates they were admitted by (host noise);
-    "slice": the slice as planned, by the estimates: the controller admitted more than the step had room for,
-    which its admission rule never does. Tests assert none; the rest are measured (`harvest bench slo`)."""
+    "slice": the slice as planned (planned_ms, the estimates its units were admitted by): the controller
+    admitted more than the step had room for, which its admission rule never does;
+    "overrun": the rest of the slice's time: units that outran their estimates, the controller's own work
+    around them, a host stall (noise, not the plan). Tests assert no "slice"; the rest are measured
+    (`harvest bench slo`). Records without planned_ms read their slice less its overrun as planned."""
     total_ms = step["latency_ms"] + step["finetune_ms"] + step["idle_wait_ms"]
     if total_ms <= tpot_slo_ms:
         return None
@@ -126,7 +130,11 @@ def miss_cause(step: dict, tpot_slo_ms: float) -> str | None:
         spent_ms += part_ms
         if spent_ms > tpot_slo_ms:
             return cause
-    return "overrun" if total_ms - step.get("overrun_ms", 0.0) <= tpot_slo_ms else "slice"
+    planned_ms = step.get("planned_ms")
+    if planned_ms is None:
+        planned_ms = step["finetune_ms"] - step.get("co_run_tail_ms", 0.0) - step.get("memory_ms", 0.0) \
+            - step.get("overrun_ms", 0.0)
+    return "slice" if spent_ms + planned_ms > tpot_slo_ms else "overrun"
 
 
 class SloTracker:

@@ -19,9 +19,11 @@ def step(latency_ms, finetune_ms=0.0, idle_wait_ms=0.0, **parts):
     (step(90, idle_wait_ms=20), "wait"),
     (step(90, finetune_ms=20, co_run_tail_ms=15), "co_run"),
     (step(60, finetune_ms=50, memory_ms=45), "memory"),
-    (step(60, finetune_ms=50, overrun_ms=10), "overrun"),  # as estimated the slice ended at the target
-    (step(60, finetune_ms=50, overrun_ms=9), "slice"),     # the plan itself was past the target
-    (step(60, finetune_ms=50, idle_wait_ms=5, memory_ms=30, overrun_ms=2), "slice"),
+    (step(60, finetune_ms=50, planned_ms=40), "overrun"),  # as planned the slice ended at the target
+    (step(60, finetune_ms=50, planned_ms=41), "slice"),    # the plan itself was past the target
+    (step(60, finetune_ms=50, idle_wait_ms=5, memory_ms=30, planned_ms=10), "slice"),
+    (step(60, finetune_ms=50, overrun_ms=10), "overrun"),  # no planned_ms: the slice less its overrun
+    (step(60, finetune_ms=50, overrun_ms=9), "slice"),
 ])
 def test_a_miss_is_given_the_part_of_the_step_that_crossed_the_target(record, cause):
     assert miss_cause(record, TARGET_MS) == cause

@@ -254,6 +254,7 @@ class Controller:
                 break
             excess_ms = max(excess_ms, result.duration_ms - estimate_ms)
             step.overrun_ms += max(0.0, result.duration_ms - estimate_ms)
+            step.planned_ms += estimate_ms
             ran_any = True
             step.finetune_tokens += result.num_trained_tokens
             self.num_units_in_slack += 1
