@@ -1,5 +1,6 @@
 """The admin API and the step accounting behind it, without a worker."""
 
+import json
 import time
 from pathlib import Path
 
@@ -71,10 +72,10 @@ def test_an_error_in_a_stats_path_is_one_line_and_the_api_lives_on(monkeypatch):
     run_steps(runtime, [5.0])
     client = TestClient(create_admin_app(runtime), raise_server_exceptions=False)
     real = runtime.stats_snapshot
-    monkeypatch.setattr(runtime, "stats_snapshot", lambda window_steps=None: {"bad": float("nan")})
+    monkeypatch.setattr(runtime, "stats_snapshot", lambda window_steps=None: {"bad": 1 / 0})
     response = client.get("/harvest/stats")
     assert response.status_code == 500
-    assert response.json()["detail"].startswith("GET /harvest/stats failed: ValueError")
+    assert response.json()["detail"].startswith("GET /harvest/stats failed: ZeroDivisionError")
     monkeypatch.setattr(runtime, "stats_snapshot", real)
     assert client.get("/harvest/stats").json()["decode"]["decode_steps"] == 1
     assert client.get("/healthz").json() == {"status": "ok"}
@@ -127,3 +128,11 @@ def test_runtime_reads_its_profile_once_and_lends_kv_in_both_modes(device, profi
     assert HarvestRuntime(ServeConfig(admin=AdminConfig(), profile_path=str(REPO / profile),
                                       tpot_slo_ms=100.0)).profile is None, "no job: no planner, no profile read"
     assert len(reads) == 1
+
+
+def test_stats_with_a_nan_loss_answer_200_with_null():
+    """Pins the 500 seen when a job's loss went NaN: JSON has no NaN, so every stats read failed."""
+    from harvest.admin.admin_app import FiniteJSONResponse
+
+    body = FiniteJSONResponse({"finetune": {"loss": float("nan"), "steps": [1.0, float("inf")], "step": 3}}).body
+    assert json.loads(body) == {"finetune": {"loss": None, "steps": [1.0, None], "step": 3}}

@@ -4,6 +4,7 @@ Reads are open; mutating endpoints need the bearer token when one is set.
 """
 
 import logging
+import math
 import secrets
 import socket
 import threading
@@ -56,8 +57,27 @@ class AdminServer:
             logger.exception("harvest admin server on %s:%d stopped", self._config.host, self._config.port)
 
 
+class FiniteJSONResponse(JSONResponse):
+    """JSON has no NaN or infinity: a job whose loss went NaN must still show its stats (the value as null),
+    not answer 500 to every read."""
+
+    def render(self, content) -> bytes:
+        return super().render(_finite(content))
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def create_admin_app(runtime) -> FastAPI:
-    app = FastAPI(title="harvest admin", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="harvest admin", docs_url=None, redoc_url=None, openapi_url=None,
+                  default_response_class=FiniteJSONResponse)
     token = runtime.config.admin.token
 
     def require_token(request: Request) -> None:
