@@ -1,1 +1,15 @@
 """Benchmarks of the whole worker (`harvest bench serve`); the subsystems keep their own `bench.py`."""
+
+import os
+
+
+def device_name(is_cpu_host: bool) -> str:
+    """What a benchmark's JSON calls the machine it ran on: the CPU, and the GPU where there is one."""
+    from harvest.profiler.live_profile import cpu_model_name
+
+    cpu = f"{cpu_model_name()}, {os.cpu_count()} cores"
+    if is_cpu_host:
+        return cpu
+    import torch
+
+    return f"GPU: {torch.cuda.get_device_name(0)} ({cpu})"

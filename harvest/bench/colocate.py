@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from base.errors import HarvestError
+from harvest.bench import device_name
 from harvest.bench.trainer_process import TrainerProcess, cpu_halves
 from harvest.worker.client import read_stats
 from harvest.worker.process import WorkerProcess, free_ports
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> dict:
                    "max_generated_tokens": args.max_generated_tokens, "repeats": args.repeats,
                    "warmup_steps": args.warmup_steps, "dtype": args.dtype, "profile": args.profile, "job": job,
                    "harvest_modes": {mode: list(flags(args)) for mode, flags in HARVEST_MODES.items()}},
-        "device": _device_name(),
+        "device": device_name(is_cpu_host=True),  # core-pinned rows: a CPU host
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 1),
         "load_avg_1m_start": round(load_start, 2),
@@ -354,7 +355,3 @@ def _command(args: argparse.Namespace) -> str:
     return shlex.join(argv)
 
 
-def _device_name() -> str:
-    from harvest.profiler.live_profile import cpu_model_name
-
-    return f"{cpu_model_name()}, {os.cpu_count()} cores"

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from harvest.bench import device_name
 from harvest.worker.client import (
     prefilled_request,
     read_last_step_seq,
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> dict:
                      "warmup_rounds": args.warmup_rounds, "edge_gaps_dropped": EDGE_GAPS},
         "model_path": str(model_path),
         "sglang_argv": shlex.join(plain_argv),
-        "device": _device_name(is_cpu_host),
+        "device": device_name(is_cpu_host),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "load_avg_1m_start": round(load_start, 2),
         "load_avg_1m_end": round(os.getloadavg()[0], 2),
@@ -240,15 +241,6 @@ def _summarize(rounds: list[RoundResult]) -> dict:
     }
 
 
-def _device_name(is_cpu_host: bool) -> str:
-    from harvest.profiler.live_profile import cpu_model_name
-
-    cpu = f"{cpu_model_name()}, {os.cpu_count()} cores"
-    if is_cpu_host:
-        return cpu
-    import torch
-
-    return f"GPU: {torch.cuda.get_device_name(0)} ({cpu})"
 
 
 def _command(args: argparse.Namespace) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 import yaml
 
 from base.errors import HarvestError
+from harvest.bench import device_name
 from harvest.step_stats import MISS_CAUSES, miss_cause
 from harvest.worker.client import read_last_step_seq, read_stats, read_steps_since
 from harvest.worker.process import WorkerProcess, free_ports
@@ -53,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
+    import torch
+
     from harvest.models import resolve_model_path
 
     if args.window_s <= 0 or args.rate_scale <= 0 or args.target_over_p99 <= 1.0:
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace) -> dict:
         "decode_alone": alone_row,
         "harvest": harvest_row,
         "colocation": stats["colocation"],
-        "device": _device_name(),
+        "device": device_name(not torch.cuda.is_available()),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 1),
         "steps_file": str(log_dir / "steps.json"),
@@ -217,12 +220,6 @@ def _replay(worker: WorkerProcess, args: argparse.Namespace, rate_scale: float, 
     LiveReplay(worker.url, worker.admin_url, tpot_slo_ms, max_concurrency=args.concurrency).run(
         _trace(args, rate_scale))
     return read_steps_since(worker.admin_url, since)
-
-
-def _device_name() -> str:
-    from harvest.profiler.live_profile import cpu_model_name
-
-    return cpu_model_name()
 
 
 def print_result(result: dict, console) -> None:
