@@ -45,7 +45,8 @@ class DecodeStep:
     overrun_ms: float = 0.0
     """The part of finetune_ms by which the slice's units outran the estimates they were admitted by."""
     planned_ms: float = 0.0
-    """The estimates the slice's units were admitted by: the slice as the controller planned it."""
+    """The slice as the controller planned it: where, after the co-run tail and the memory work, the last
+    unit it admitted was to end (the units before it as they ran, that one as estimated)."""
 
     @property
     def mean_seq_len(self) -> float:
@@ -106,6 +107,8 @@ class StepStats:
 
 MISS_CAUSES = ("decode", "co_run", "wait", "memory", "overrun", "slice")
 
+ROUNDING_MS = 1e-3
+
 
 def miss_cause(step: dict, tpot_slo_ms: float) -> str | None:
     """Why a step record's time (decode + its slice + the wait before it) is past the target, None if it is
@@ -114,7 +117,7 @@ def miss_cause(step: dict, tpot_slo_ms: float) -> str | None:
     "co_run": decode on its partition beside the job, or the wait for the co-run unit after it;
     "wait": an idle-time unit, or SGLang loading a published adapter, the batch waited for;
     "memory": lending KV to the job or reclaiming it for decode;
-    "slice": the slice as planned (planned_ms, the estimates its units were admitted by): the controller
+    "slice": the slice as planned (planned_ms: where the last unit admitted was to end): the controller
     admitted more than the step had room for, which its admission rule never does;
     "overrun": the rest of the slice's time: units that outran their estimates, the controller's own work
     around them, a host stall (noise, not the plan). Tests assert no "slice"; the rest are measured
@@ -134,7 +137,8 @@ def miss_cause(step: dict, tpot_slo_ms: float) -> str | None:
     if planned_ms is None:
         planned_ms = step["finetune_ms"] - step.get("co_run_tail_ms", 0.0) - step.get("memory_ms", 0.0) \
             - step.get("overrun_ms", 0.0)
-    return "slice" if spent_ms + planned_ms > tpot_slo_ms else "overrun"
+    # The records' parts are rounded to 0.1 us each: a plan that ends at the target exactly is within it.
+    return "slice" if spent_ms + planned_ms > tpot_slo_ms + ROUNDING_MS else "overrun"
 
 
 class SloTracker:

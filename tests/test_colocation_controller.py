@@ -88,10 +88,39 @@ def test_a_unit_that_outruns_its_estimate_is_counted_apart_from_the_plan():
     stalled = run_step(controller, clock, 10.0, batch_size=1)
     assert stalled.overrun_ms >= 2 * UNIT_MS
     assert stalled.latency_ms + stalled.planned_ms <= TARGET_MS
-    assert stalled.finetune_ms - stalled.overrun_ms == pytest.approx(stalled.planned_ms)
     record = {"latency_ms": stalled.latency_ms, "finetune_ms": stalled.finetune_ms, "idle_wait_ms": 0.0,
               "overrun_ms": stalled.overrun_ms, "planned_ms": stalled.planned_ms}
     assert miss_cause(record, TARGET_MS) in (None, "overrun")
+
+
+def test_units_that_ran_short_leave_room_the_plan_may_use_and_a_late_overrun_is_no_plan_miss():
+    """Units that run under their estimates leave room for more of them (admission reads the time spent, not
+    the estimates summed); when the last one stalls, the step's plan was still within the target, so the miss
+    is an overrun. The make test run at 55fd3d7 read the estimates' sum as the plan and called it 'slice'."""
+    controller, clock = temporal()
+    controller.on_idle()
+    controller.on_idle()
+    run_step(controller, clock, 1.0, batch_size=1)
+    run_step(controller, clock, 10.0, batch_size=1)
+    durations = iter([2.0, 2.0, 30.0])
+    unit = controller.job._unit
+
+    estimates = []
+
+    def run_unit():
+        estimates.append(controller._estimate_ms(unit.kind))  # what the unit was just admitted by
+        ran = SimulatedUnit(unit.kind, next(durations, UNIT_MS), unit.num_trained_tokens)
+        clock.advance_ms(ran.duration_ms)
+        return ran
+
+    controller.job.run_unit = run_unit
+    step = run_step(controller, clock, 10.0, batch_size=1)
+    assert not step.is_slo_met and step.overrun_ms >= 10.0
+    assert step.latency_ms + step.planned_ms <= TARGET_MS
+    assert step.latency_ms + sum(estimates) > TARGET_MS, "the estimates summed cross it"
+    record = {"latency_ms": step.latency_ms, "finetune_ms": step.finetune_ms, "idle_wait_ms": 0.0,
+              "overrun_ms": step.overrun_ms, "planned_ms": step.planned_ms}
+    assert miss_cause(record, TARGET_MS) == "overrun"
 
 
 def test_temporal_and_spatial_controllers_share_one_interface_and_stats_shape():

@@ -254,7 +254,10 @@ class Controller:
                 break
             excess_ms = max(excess_ms, result.duration_ms - estimate_ms)
             step.overrun_ms += max(0.0, result.duration_ms - estimate_ms)
-            step.planned_ms += estimate_ms
+            # Where the plan ended the slice when it admitted this unit: the time already spent (units before
+            # it as they ran, not as estimated) plus its estimate; admission keeps it within the budget.
+            step.planned_ms = max(step.planned_ms, admit_ms - room_ms + estimate_ms
+                                  - step.co_run_tail_ms - step.memory_ms)
             ran_any = True
             step.finetune_tokens += result.num_trained_tokens
             self.num_units_in_slack += 1
