@@ -1,13 +1,9 @@
 import os
 import sys
-import time
-from collections.abc import Callable
 
-import httpx
 import pytest
 from hypothesis import settings
 
-from harvest.worker.client import read_stats
 from harvest.worker.process import free_ports
 
 # Test processes share the harvest conventions of the CLI edge: no hub access, SGLang's CPU engine on CPU hosts.
@@ -95,28 +91,6 @@ def free_port() -> int:
 def harvest_cli():
     """Argv prefix that runs the harvest CLI of this checkout in this interpreter."""
     return [sys.executable, "-m", "harvest.cli.main"]
-
-
-def wait_for_stats(admin_url: str, predicate: Callable[[dict], bool], what: str, timeout_s: float = 300.0) -> dict:
-    """Poll /harvest/stats until `predicate` holds. Retried only while nothing answers (the worker is starting):
-    an error answer (a bug in a stats path) or a finetune job that failed meanwhile ends the wait at once."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            stats = read_stats(admin_url)
-        except httpx.ConnectError:  # nothing listens yet (a worker starting): wait; an error answer raises
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-            continue
-        if predicate(stats):
-            return stats
-        finetune = stats.get("finetune") or {}
-        if finetune.get("state") == "failed":
-            raise AssertionError(f"finetune job failed while waiting for {what}: {finetune.get('error')}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}: {stats}")
-        time.sleep(0.5)
 
 
 def lora_state_dict(engine) -> dict:

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port, wait_for_stats
+from conftest import free_port
 
 from harvest.bench import slo as bench_slo
 from harvest.finetune.demo.make_dataset import DATASET_NAME, DEMO_DIR
 from harvest.replay.live_replay import LiveReplay
 from harvest.step_stats import miss_cause
-from harvest.worker.client import read_stats
+from harvest.worker.client import read_stats, wait_for_stats
 from harvest.worker.process import WorkerProcess
 from traces.trace_loader import load_trace
 

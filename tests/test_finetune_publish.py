@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx
 import pytest
 import yaml
-from conftest import free_port, wait_for_stats
+from conftest import free_port
 
 from base.errors import HarvestError
 from harvest.finetune.demo.tiny_job import write_tiny_job
@@ -23,6 +23,7 @@ from harvest.worker.client import (
     read_last_step_seq,
     read_stats,
     read_steps_since,
+    wait_for_stats,
 )
 from harvest.worker.process import WorkerProcess
 from traces.trace_loader import load_trace

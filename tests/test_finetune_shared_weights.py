@@ -18,7 +18,7 @@ import httpx
 import pytest
 import torch
 import yaml
-from conftest import free_port, wait_for_stats
+from conftest import free_port
 from safetensors.torch import load_file
 from test_finetune_equivalence import (
     CASES,
@@ -28,6 +28,7 @@ from test_finetune_equivalence import (
 )
 
 from harvest.finetune.demo.tiny_job import write_tiny_job
+from harvest.worker.client import wait_for_stats
 from harvest.worker.process import WorkerProcess
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

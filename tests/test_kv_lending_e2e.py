@@ -10,10 +10,11 @@ import time
 import httpx
 import pytest
 import yaml
-from conftest import free_port, wait_for_stats
+from conftest import free_port
 from faults.figures import record
+
 from harvest.finetune.demo.make_dataset import DATASET_NAME, DEMO_DIR
-from harvest.worker.client import generate_prefilled, read_stats
+from harvest.worker.client import generate_prefilled, read_stats, wait_for_stats
 from harvest.worker.process import WorkerProcess
 
 pytestmark = pytest.mark.sglang

@@ -19,7 +19,6 @@ import httpx
 import psutil
 import pytest
 import yaml
-from conftest import wait_for_stats
 from test_kv_lending_e2e import write_job
 
 from base.cuda_driver import ensure_driver_or_stub
@@ -32,6 +31,7 @@ from harvest.worker.client import (
     generate_request,
     prefilled_request,
     read_stats,
+    wait_for_stats,
 )
 from harvest.worker.process import WorkerProcess, free_ports
 

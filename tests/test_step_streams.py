@@ -181,11 +181,11 @@ def test_spatial_worker_with_cuda_graphs_and_overlap_decodes_on_partition_stream
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
-    from conftest import free_port, wait_for_stats
+    from conftest import free_port
     from test_colocation_e2e import write_job
 
     from harvest.models import ensure_embedded_model
-    from harvest.worker.client import prefilled_request, read_stats
+    from harvest.worker.client import prefilled_request, read_stats, wait_for_stats
     from harvest.worker.process import WorkerProcess
     from predictor.synthetic_profile import SHIPPED_PATH
 

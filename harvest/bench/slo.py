@@ -24,7 +24,7 @@ import yaml
 from base.errors import HarvestError
 from harvest.bench import device_name
 from harvest.step_stats import MISS_CAUSES, miss_cause
-from harvest.worker.client import read_last_step_seq, read_stats, read_steps_since
+from harvest.worker.client import read_last_step_seq, read_stats, read_steps_since, wait_for_stats
 from harvest.worker.process import WorkerProcess, free_ports
 
 JOB_WAIT_S = 600.0
@@ -185,13 +185,8 @@ def _worker(args, model_path: str, job_path: Path, log_dir: Path, name: str, tpo
 
 
 def _wait_for_job(worker: WorkerProcess, state: str) -> None:
-    deadline = time.monotonic() + JOB_WAIT_S
-    while (finetune := read_stats(worker.admin_url)["finetune"])["state"] != state:
-        if finetune["state"] == "failed":
-            raise HarvestError(f"the job failed: {finetune.get('error')}; log: {worker.log_path}")
-        if time.monotonic() > deadline:
-            raise HarvestError(f"the job is {finetune['state']}, not {state}, after {JOB_WAIT_S:.0f} s")
-        time.sleep(0.5)
+    wait_for_stats(worker.admin_url, lambda stats: stats["finetune"]["state"] == state, f"the job {state}",
+                   timeout_s=JOB_WAIT_S)
 
 
 def _trace(args: argparse.Namespace, rate_scale: float):

@@ -1,6 +1,8 @@
 """HTTP calls to a running harvest worker or the PD router in front of it: /generate and admin reads."""
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import httpx
 
@@ -84,3 +86,25 @@ def read_stats(admin_url: str, timeout_s: float = 10.0) -> dict:
         raise HarvestError(f"{admin_url}/harvest/stats answered {response.status_code}: {response.text[:300]}")
     return response.json()
 
+
+
+def wait_for_stats(admin_url: str, predicate: Callable[[dict], bool], what: str, timeout_s: float = 300.0) -> dict:
+    """Poll /harvest/stats until `predicate` holds. Retried only while nothing answers (the worker is starting):
+    an error answer or a finetune job that failed meanwhile ends the wait at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            stats = read_stats(admin_url)
+        except httpx.ConnectError:
+            if time.monotonic() > deadline:
+                raise HarvestError(f"nothing answered at {admin_url} for {timeout_s:.0f} s while waiting for {what}")
+            time.sleep(0.5)
+            continue
+        if predicate(stats):
+            return stats
+        finetune = stats.get("finetune") or {}
+        if finetune.get("state") == "failed":
+            raise HarvestError(f"the finetune job failed while waiting for {what}: {finetune.get('error')}")
+        if time.monotonic() > deadline:
+            raise HarvestError(f"timed out after {timeout_s:.0f} s waiting for {what}: {stats}")
+        time.sleep(0.5)

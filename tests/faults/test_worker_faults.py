@@ -16,11 +16,11 @@ import time
 import httpx
 import psutil
 import pytest
-from conftest import free_port, wait_for_stats
+from conftest import free_port
 from test_colocation_e2e import write_job
 
 from faults.figures import record
-from harvest.worker.client import generate_prefilled, read_stats
+from harvest.worker.client import generate_prefilled, read_stats, wait_for_stats
 from harvest.worker.process import WorkerProcess
 
 pytestmark = pytest.mark.sglang
