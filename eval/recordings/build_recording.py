@@ -21,7 +21,8 @@ UNIT_BOUND_MS = 18.6  # log_units.py cut units to this bound
 HOST_STALL_AT, HOST_STALL_MS = 500, 1460.0
 """The unit-spread log has no unit over 175 ms: one unit of the job's second optimizer step, the 500th (a
 recompute, 9.0 ms as recorded; every kind timed by then), is stalled to 1.46 s, the idle-time unit the host
-stalled in eval/README.md's bursty temporal row (run 2, "steps up to 3.8 s")."""
+stalled in the bursty temporal row of eval/results/cpu-2026-11-23/NOTES.md ("With a robust unit estimate", run 2,
+"steps up to 3.8 s")."""
 
 
 def load(path: Path):

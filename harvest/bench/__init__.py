@@ -1,4 +1,5 @@
-"""Benchmarks of the whole worker (`harvest bench serve`); the subsystems keep their own `bench.py`."""
+"""Benchmarks of the whole worker (`harvest bench serve`) and of the job's units against their bound (`units`);
+the subsystems keep their own `bench.py`."""
 
 import os
 

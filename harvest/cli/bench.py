@@ -20,6 +20,7 @@ BENCH_MODULES = {
     "pd": "harvest.deploy.bench_pd",
     "colocate": "harvest.bench.colocate",
     "slo": "harvest.bench.slo",
+    "units": "harvest.bench.units",
 }
 
 

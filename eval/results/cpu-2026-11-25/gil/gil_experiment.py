@@ -5,8 +5,12 @@ loop of small one-thread matmuls with Python between them ("torch"). Phases alte
 
     python eval/results/cpu-2026-11-25/gil/gil_experiment.py > eval/results/cpu-2026-11-25/gil/gil_experiment.json
     SWITCH_INTERVAL_S=0.0005 python ... > gil_experiment_switch_0.5ms.json   # Python's GIL hand-over interval
+
+Ran 2026-11-25 01:08-01:13 UTC at 981cf07. Since 2026-11-26 it pins threads itself (`on_cores`, what the
+worker's core partitions do) instead of importing that private helper from harvest; the measurement is the same.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -15,7 +19,6 @@ import time
 
 import torch
 
-from harvest.colocation.core_partitions import _on_cores
 from harvest.finetune import FinetuneEngine
 
 DEMO = "harvest/finetune/demo/demo.yaml"
@@ -38,17 +41,31 @@ def torch_loop(stop):
 LOADS = {"alone": None, "python": python_loop, "torch": torch_loop}
 
 
+@contextlib.contextmanager
+def on_cores(cores: list[int]):
+    """The calling thread, and the torch ops it launches, on `cores`; its cores and threads restored after."""
+    tid = threading.get_native_id()
+    before_cores, before_threads = os.sched_getaffinity(tid), torch.get_num_threads()
+    os.sched_setaffinity(tid, cores)
+    torch.set_num_threads(len(cores))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(tid, before_cores)
+        torch.set_num_threads(before_threads)
+
+
 def phase(engine, load) -> dict:
     stop = threading.Event()
     other = None
     if load is not None:
         def pinned():
-            with _on_cores([0]):
+            with on_cores([0]):
                 load(stop)
         other = threading.Thread(target=pinned, daemon=True)
         other.start()
     tokens, units, started = 0, 0, time.perf_counter()
-    with _on_cores([1]):
+    with on_cores([1]):
         while time.perf_counter() - started < PHASE_S:
             result = engine.run_next_unit()
             tokens += result.num_trained_tokens
@@ -64,7 +81,7 @@ def main() -> None:
     if os.environ.get("SWITCH_INTERVAL_S"):
         sys.setswitchinterval(float(os.environ["SWITCH_INTERVAL_S"]))
     engine = FinetuneEngine.from_yaml(DEMO, overrides={"max_steps": 10**6, "save_steps": 10**9})
-    with _on_cores([1]):
+    with on_cores([1]):
         for _ in range(30):  # warm-up: the first unit of each kind
             engine.run_next_unit()
     runs = []
