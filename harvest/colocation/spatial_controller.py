@@ -154,7 +154,9 @@ class SpatialController(Controller):
                 self.num_preemptions += 1
                 return super()._rebalance_memory(kv_demand_slots, can_grow)
         engine = self.job.engine if self.job.is_active else None
-        if engine is not self.lender.engine or (can_grow and (
+        if engine is not None and engine.is_shared:
+            engine = None  # no window to lend to (the base rebalance says so and detaches once)
+        if engine is not self.lender.engine or (can_grow and engine is not None and (
                 self.lender.may_grow() or self.job.state == FinetuneState.WAITING)):
             with self._job_at_boundary(wait=False) as has_job:
                 if not has_job:
