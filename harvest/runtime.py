@@ -93,7 +93,7 @@ class HarvestRuntime:
 
         from predictor import SplitPlanner
 
-        planner = SplitPlanner(self.profile, config.tpot_slo_ms, pairs=partitions.pairs, is_continuous=True)
+        planner = SplitPlanner(self.profile, config.tpot_slo_ms, pairs=partitions.pairs)
         co_run_bs = defaultdict(list)                  # decode SMs -> the batches the planner co-runs on them
         for batch_size in capture_bs:
             for seq_len in (128.0, 1024.0, 4096.0):
@@ -277,7 +277,7 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
     if profile is not None:
         from predictor import SplitPlanner
 
-        planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs, is_continuous=partitions is not None)
+        planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
     if finetune_config.max_unit_ms is None:
         # Temporal with a profile: a unit no longer than the shortest decode step, so a pause (or a batch
         # arriving while the device is idle and finetuning) takes effect within one step, but for a unit whose

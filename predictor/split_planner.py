@@ -79,13 +79,9 @@ class SplitPlanner:
         config: PredictorConfig = DEFAULT_CONFIG,
         plan_margin: float | None = None,
         pairs: Collection[tuple[int, int]] | None = None,
-        is_continuous: bool = False,
     ) -> None:
         """`plan_margin`: plan for tpot_slo_ms * (1 - plan_margin) instead of learning the margin. `pairs`: the
-        (infer_sms, ft_sms) partitions the device forms (GreenPartitions.pairs); None: every profiled one.
-        `is_continuous`: the job keeps a finetune partition across steps (spatial_controller.py) and no slice
-        follows a co-run step, so a pair trains at its co-run rate for the whole budget: its loss against a
-        pure slice is (R - r_f) * W whatever its decode takes, and no row is pruned by the solo-latency bound."""
+        (infer_sms, ft_sms) partitions the device forms (GreenPartitions.pairs); None: every profiled one."""
         if not (math.isfinite(tpot_slo_ms) and tpot_slo_ms > 0):
             raise HarvestError(f"TPOT SLO must be a positive number of ms, got {tpot_slo_ms}")
         if plan_margin is not None and not 0.0 <= plan_margin < 1.0:
@@ -96,7 +92,6 @@ class SplitPlanner:
         self._plateau = model.solo.plateau_batch_size
         self._tracker = ResidualTracker(config.ewma_alpha, OFFSET_FADE)
         self.margin = PlanMargin(plan_margin)
-        self.is_continuous = is_continuous
         self._full_sms = max(model.solo.infer_options)
         full = model.solo.coefficients(self._full_sms)
         self._full_line = (full.b0_ms, full.c0_ms, full.k0_ms)
@@ -130,9 +125,6 @@ class SplitPlanner:
         line) times the whole device's (the row's `lower`: their product, the key `_rows` is kept in ascending
         order of); with PRUNE_SLACK for the correction moving between checks. Pruning costs optimality at
         worst, never the target (feasibility is checked per row)."""
-        if self.is_continuous:
-            self._active_rows = self._rows
-            return
         bound = PRUNE_SLACK * self._slice_rate * self._full_relative_correction
         self._active_rows = self._rows[:bisect_left(self._rows, bound, key=_ROW_LOWER)]
 
@@ -145,9 +137,7 @@ class SplitPlanner:
         valued_factor = slowdown * valued
         margin = self.margin(partition)
         allowance = _allowance(self.tpot_slo_ms, factor * margin)
-        # Continuous: the partition trains at `rate` whatever decode's latency, so the loss is per ms of budget.
-        loss_coefficient = (self._slice_rate - rate) * (1.0 if self.is_continuous else valued_factor)
-        return (allowance, loss_coefficient, ft_sms, factor, margin, slowdown, rate)
+        return (allowance, (self._slice_rate - rate) * valued_factor, ft_sms, factor, margin, slowdown, rate)
 
     def _rebuild(self, partition: tuple[int, int]) -> None:
         """Recompute one candidate and its row, moved to its place in `_rows` (the caller prunes)."""
@@ -200,14 +190,13 @@ class SplitPlanner:
             rows = self._rows
         best, best_solo, best_infer = None, 0.0, self._full_sms
         full_solo = model_ms * g
-        continuous = self.is_continuous
         for b0, c0, k0, infer_sms, max_allowance, allowances, best_from, lower in rows:
-            if not continuous and lower > 0.0 and lower * full_solo > least_loss * (1.0 + TIE_TOLERANCE):
+            if lower > 0.0 and lower * full_solo > least_loss * (1.0 + TIE_TOLERANCE):
                 break  # rows come in ascending `lower`: none left can train more than the best so far
             solo = (b0 * padded + c0 + k0 * num_kv_tokens) * g
             if solo <= max_allowance:
                 candidate = best_from[bisect_left(allowances, solo)]
-                loss = candidate[1] * (target if continuous else solo)
+                loss = candidate[1] * solo
                 # Equal finetune tokens (to TIE_TOLERANCE): the lower predicted decode latency, the lower TPOT.
                 # Decode alone, the fastest decode, is only left for a pair that trains strictly more.
                 if loss < least_loss * (1.0 - TIE_TOLERANCE) or (

@@ -147,7 +147,7 @@ def test_the_planner_picks_the_core_partition_per_step_and_decode_follows_it(tmp
 
 
 @needs_two_cores
-def test_a_spatial_worker_cuts_units_to_the_preemption_bound_and_values_pairs_as_continuous(tmp_path):
+def test_a_spatial_worker_cuts_units_to_the_preemption_bound(tmp_path):
     from harvest.config import AdminConfig, ServeConfig
     from harvest.finetune import FinetuneConfig
     from harvest.runtime import PREEMPTION_BOUND_SHARE, _build_controller
@@ -156,12 +156,11 @@ def test_a_spatial_worker_cuts_units_to_the_preemption_bound_and_values_pairs_as
     config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cpu", yaml_path="job.yaml"), tpot_slo_ms=40.0)
     controller = _build_controller(config, profile, CorePartitions(list(profile.partitions), CORES[:2]), None)
     try:
-        assert controller.mode == "spatial" and controller.planner.is_continuous
+        assert controller.mode == "spatial"
         assert controller.job.config.max_unit_ms == 40.0 * PREEMPTION_BOUND_SHARE
     finally:
         controller.close()
     temporal = _build_controller(config, profile, None, None)
-    assert not temporal.planner.is_continuous
     assert temporal.job.config.max_unit_ms == temporal.planner.shortest_step_ms
 
 

@@ -188,21 +188,3 @@ def test_equal_finetune_tokens_break_toward_the_lower_decode_latency():
     assert (decision.infer_sms, decision.ft_sms) == (5, 5)
     assert decision.predicted_ms == pytest.approx(4.0)
     assert decision.finetune_tokens_per_s * 10.0 == pytest.approx(values[0][0], rel=1e-9)
-
-
-@settings(max_examples=200, deadline=None)
-@given(latency_models(), shapes)
-def test_a_continuous_partition_is_valued_at_its_rate_over_the_whole_budget(model, shape):
-    """is_continuous (the job keeps its partition across steps, no slice after a co-run step): a pair trains
-    f/n of the budget whatever decode takes, decode alone trains the slice after it; the plan is the best."""
-    batch_size, seq_len, target = shape
-    planner = SplitPlanner(make_profile(model), target, plan_margin=0.0, is_continuous=True)
-    decision = planner.plan(batch_size, seq_len, has_ready_work=True)
-    n = model.grid.num_sms
-    values = [max(0.0, target - model.predict_solo_ms(n, batch_size, seq_len))]
-    values += [f / n * target for i, f in model.partitions()
-               if f and model.predict_colo_ms(i, f, batch_size, seq_len) <= target]
-    assert decision.finetune_tokens_per_s * target == pytest.approx(max(values), rel=1e-9, abs=1e-9)
-    if decision.ft_sms:
-        assert decision.finetune_tokens_per_s == pytest.approx(decision.ft_sms / n, rel=1e-9)
-        assert model.predict_colo_ms(decision.infer_sms, decision.ft_sms, batch_size, seq_len) <= target * (1 + 1e-9)
