@@ -15,6 +15,11 @@ from harvest.admin.metrics import HarvestMetrics
 from harvest.config import ServeConfig
 from harvest.step_stats import DecodeStep, StepStats
 
+PREEMPTION_BOUND_SHARE = 0.25
+"""Units are cut to this share of the TPOT target where no shorter bound applies (no profile, or a spatial
+worker, whose finetune partition a step takes back by waiting for the unit in flight): the step that waits
+keeps three quarters of its target for decode."""
+
 logger = logging.getLogger(__name__)
 
 
@@ -274,10 +279,15 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
 
         planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
     if finetune_config.max_unit_ms is None:
-        # With a profile, a unit no longer than the shortest decode step: a pause (or a batch arriving while
-        # the device is idle and finetuning) takes effect within one step, but for a unit whose fixed cost is
-        # over half of it, which runs up to twice that cost (unit_sizer.py says why).
-        max_unit_ms = config.tpot_slo_ms / 4 if planner is None else planner.shortest_step_ms
+        # Temporal with a profile: a unit no longer than the shortest decode step, so a pause (or a batch
+        # arriving while the device is idle and finetuning) takes effect within one step, but for a unit whose
+        # fixed cost is over half of it, which runs up to twice that cost (unit_sizer.py says why). Spatial: the
+        # job holds its partition across steps, so a unit is cut to the preemption bound instead, the wait
+        # of a step that takes the device back (stats: preempt_ms_max).
+        if partitions is not None or planner is None:
+            max_unit_ms = config.tpot_slo_ms * PREEMPTION_BOUND_SHARE
+        else:
+            max_unit_ms = planner.shortest_step_ms
         finetune_config = dataclasses.replace(finetune_config, max_unit_ms=max_unit_ms)
     job = FinetuneJob(finetune_config, weight_memory=None if lender is None else lender.weight_memory,
                       served_weights=served_weights)

@@ -38,6 +38,11 @@ class DecodeStep:
     """latency + finetune_ms + idle_wait_ms within the TPOT target (None: no SLO tracked, no finetune job)."""
     ft_sms: int = 0
     """The finetune side of the step's partition: units co-ran beside decode (0: decode had the device)."""
+    infer_sms: int | None = None
+    """The decode side of the step's partition, as chosen before it (None: no planner and nothing pinned)."""
+    preempt_ms: float = 0.0
+    """The part of latency_ms spent, before decode launched, waiting for the finetune partition's unit in flight
+    (decode took the device back from a partition the job held across steps)."""
     co_run_tail_ms: float = 0.0
     """The part of finetune_ms spent waiting for the co-run unit in flight when decode's tokens were out."""
     memory_ms: float = 0.0
@@ -76,6 +81,7 @@ class StepStats:
                 "finetune_ms": round(step.finetune_ms, 4), "idle_wait_ms": round(step.idle_wait_ms, 4),
                 "publish_ms": round(step.publish_ms, 4),
                 "finetune_tokens": step.finetune_tokens, "ft_sms": step.ft_sms,
+                "infer_sms": step.infer_sms, "preempt_ms": round(step.preempt_ms, 4),
                 "co_run_tail_ms": round(step.co_run_tail_ms, 4), "memory_ms": round(step.memory_ms, 4),
                 "overrun_ms": round(step.overrun_ms, 4), "planned_ms": round(step.planned_ms, 4),
             })
@@ -114,7 +120,8 @@ def miss_cause(step: dict, tpot_slo_ms: float) -> str | None:
     """Why a step record's time (decode + its slice + the wait before it) is past the target, None if it is
     not. Each cause is the first part of the step's time that, added up in this order, crosses the target:
     "decode": decode alone on the whole device (the job had no part in the step);
-    "co_run": decode on its partition beside the job, or the wait for the co-run unit after it;
+    "co_run": decode on its partition beside the job, the wait for the co-run unit after it, or a step whose
+    decode alone fit but not with the wait for the partition's unit in flight before it (preempt_ms);
     "wait": an idle-time unit, or SGLang loading a published adapter, the batch waited for;
     "memory": lending KV to the job or reclaiming it for decode;
     "slice": the slice as planned (planned_ms: where the last unit admitted was to end): the controller
@@ -127,7 +134,8 @@ def miss_cause(step: dict, tpot_slo_ms: float) -> str | None:
         return None
     spent_ms = step["latency_ms"]
     if spent_ms > tpot_slo_ms:
-        return "co_run" if step.get("ft_sms") else "decode"
+        is_decode_alone = not step.get("ft_sms") and spent_ms - step.get("preempt_ms", 0.0) > tpot_slo_ms
+        return "decode" if is_decode_alone else "co_run"
     for cause, part_ms in (("wait", step["idle_wait_ms"]), ("co_run", step.get("co_run_tail_ms", 0.0)),
                            ("memory", step.get("memory_ms", 0.0))):
         spent_ms += part_ms

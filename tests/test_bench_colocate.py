@@ -85,6 +85,8 @@ def test_a_child_started_to_stop_with_its_parent_stops_when_the_parent_is_killed
     (["--rows", "decode-alone,three-processes"], "unknown row 'three-processes'"),
     (["--window", "x=conv:99999s+1s"], "no request arrives"),
     (["--rows", "harvest-spatial", "--profile", "no-such.json"], "cannot read profile no-such.json"),
+    (["--rate-scale", "0.1,fast"], "--rate-scale '0.1,fast': expected positive numbers"),
+    (["--rate-scale", "0.1,0"], "expected positive numbers"),
 ])
 def test_bad_flags_get_one_line_and_start_nothing(flags, message, harvest_cli, tmp_path):
     proc = subprocess.run([*harvest_cli, "bench", "colocate", *flags, "--log-dir", str(tmp_path / "logs")],

@@ -1,6 +1,6 @@
 """Spatial co-location on CPU cores with real threads (no worker): decode runs in the scheduler thread on
-the inference cores while units run in the unit thread on the finetune cores, and the job is handed back
-before anything else touches it: the lender's rebalance never overlaps a unit, whatever the timing."""
+the inference cores while units run in the unit thread on the finetune cores, across steps (the hand-off
+rules themselves: test_spatial_ownership.py)."""
 
 import os
 import threading
@@ -58,31 +58,11 @@ class RecordingJob:
         return SimulatedUnit("unit", UNIT_MS, 10)
 
 
-class CheckingLender:
-    """Stands in for the KvLender: counts rebalances that found a unit in flight (must be none)."""
-
-    engine = None
-
-    def __init__(self, job):
-        self.job = job
-        self.num_rebalances = 0
-        self.num_during_unit = 0
-
-    def detach_engine(self):
-        pass
-
-    def rebalance(self, kv_demand_slots, can_grow):
-        self.num_rebalances += 1
-        self.num_during_unit += self.job.in_unit.is_set()
-        return False
-
-
 @needs_two_cores
-def test_units_co_run_on_the_finetune_cores_and_the_job_is_handed_back_before_rebalance():
+def test_units_run_on_the_finetune_cores_across_steps_and_decode_on_its_own():
     job = RecordingJob()
-    lender = CheckingLender(job)
     partitions = CorePartitions([(1, 1)], CORES[:2])
-    controller = SpatialController(job, None, SloTracker(30.0, 100), partitions, "test", lender, pinned=(1, 1))
+    controller = SpatialController(job, None, SloTracker(30.0, 100), partitions, "test", pinned=(1, 1))
     decode_cores = []
     try:
         for n in range(40):
@@ -93,6 +73,7 @@ def test_units_co_run_on_the_finetune_cores_and_the_job_is_handed_back_before_re
                 time.sleep(0.01)  # the decode step: the unit thread runs beside it
             step.latency_ms = (time.perf_counter() - step.start_s) * 1e3
             controller.after_step(step, kv_demand_slots=1)
+            assert (step.infer_sms, step.ft_sms) == (1, 1)
     finally:
         controller.close()
     co_run = [u for u in job.units if u[0] == "harvest-finetune-units"]
@@ -100,10 +81,10 @@ def test_units_co_run_on_the_finetune_cores_and_the_job_is_handed_back_before_re
     assert {tuple(c) for _, c, _ in co_run} == {(CORES[1],)} and {t for *_, t in co_run} == {1}
     assert decode_cores == [([CORES[0]], 1)] * 40
     assert job.overlaps == 0
-    assert lender.num_rebalances == 40 and lender.num_during_unit == 0
     stats = controller.stats()
     assert stats["co_run"]["1,1"]["tokens"] == 10 * len(co_run)
-    assert stats["take_back_ms_max"] > 0.0
+    assert stats["co_run"]["1,1"]["grants"] == 1, "the partition was handed back and forth between steps"
+    assert stats["granted"] is None, "close() left the partition granted"
     assert sorted(os.sched_getaffinity(0)) == CORES, "the scheduler thread's cores were not restored"
 
 
@@ -163,6 +144,24 @@ def test_the_planner_picks_the_core_partition_per_step_and_decode_follows_it(tmp
     assert [s[0] for s in seen] == [(1, 1), (2, 0)] * 2
     assert [s[1] for s in seen] == [CORES[:1], CORES[:2]] * 2
     assert [s[2] for s in seen] == [True, False] * 2
+
+
+@needs_two_cores
+def test_a_spatial_worker_cuts_units_to_the_preemption_bound(tmp_path):
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.runtime import PREEMPTION_BOUND_SHARE, _build_controller
+
+    profile = core_profile(tmp_path)
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cpu", yaml_path="job.yaml"), tpot_slo_ms=40.0)
+    controller = _build_controller(config, profile, CorePartitions(list(profile.partitions), CORES[:2]), None)
+    try:
+        assert controller.mode == "spatial"
+        assert controller.job.config.max_unit_ms == 40.0 * PREEMPTION_BOUND_SHARE
+    finally:
+        controller.close()
+    temporal = _build_controller(config, profile, None, None)
+    assert temporal.job.config.max_unit_ms == temporal.planner.shortest_step_ms
 
 
 def test_the_admin_api_pins_and_unpins_a_spatial_workers_partition(tmp_path):

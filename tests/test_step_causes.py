@@ -16,6 +16,8 @@ def step(latency_ms, finetune_ms=0.0, idle_wait_ms=0.0, **parts):
     (step(60, finetune_ms=40), None),  # exactly at the target is in it
     (step(101), "decode"),
     (step(101, ft_sms=1), "co_run"),
+    (step(101, preempt_ms=2), "co_run"),    # decode alone fit; the wait for the partition's unit did not
+    (step(101, preempt_ms=0.5), "decode"),  # decode alone was past the target already
     (step(90, idle_wait_ms=20), "wait"),
     (step(90, finetune_ms=20, co_run_tail_ms=15), "co_run"),
     (step(60, finetune_ms=50, memory_ms=45), "memory"),

@@ -44,6 +44,8 @@ HARVEST_MODES = {
     "temporal": lambda args: (),
     # with a co-run profile of this host's core partitions (--profile): the planner picks (2, 0) or (1, 1) per step
     "spatial": lambda args: ("--profile", args.profile),
+    # the static split inside one process: decode on the first half of the cores, the job's partition on the rest
+    "pinned": lambda args: ("--pin-partition", ",".join(str(len(half)) for half in cpu_halves())),
 }
 ROWS = {  # row id (--rows, JSON): what the table calls it; in run order (reversed on odd repeats)
     "decode-alone": "decode alone",
@@ -59,7 +61,9 @@ JOB_POLL_S = 1.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", action="append", default=None, metavar="NAME=TRACE:START+LENGTH",
                         help=f"a trace window to replay (repeatable; default {' '.join(DEFAULT_WINDOWS)})")
-    parser.add_argument("--rate-scale", type=float, default=0.1, help="replay rate scale (default 0.1, as the demo)")
+    parser.add_argument("--rate-scale", default="0.1",
+                        help="replay rate scale (default 0.1, as the demo); comma-separated: a load sweep, every "
+                             "window at each scale (its rows named WINDOW@SCALE)")
     parser.add_argument("--max-context-tokens", type=int, default=256)
     parser.add_argument("--max-generated-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=8, help="most requests in flight (default 8)")
@@ -84,7 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     from harvest.models import resolve_model_path
 
-    windows = [_parse_window(text) for text in (args.window or DEFAULT_WINDOWS)]
+    scales = _parse_scales(args.rate_scale)
+    windows = [(name if len(scales) == 1 else f"{name}@{scale:g}", spec, scale)
+               for name, spec in (_parse_window(text) for text in (args.window or DEFAULT_WINDOWS))
+               for scale in scales]
     rows = tuple(ROWS) if args.rows == "all" else tuple(r.strip() for r in args.rows.split(","))
     if unknown := [r for r in rows if r not in ROWS]:
         raise HarvestError(f"--rows: unknown row {unknown[0]!r}; rows: {','.join(ROWS)}")
@@ -94,7 +101,7 @@ def run(args: argparse.Namespace) -> dict:
         from predictor import Profile
 
         Profile.load(args.profile)  # a bad profile is refused here, not by the first spatial worker
-    traces = {name: _load_window(spec, args) for name, spec in windows}
+    traces = {name: _load_window(spec, scale, args) for name, spec, scale in windows}
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     model_path = str(resolve_model_path(args.model_path))
@@ -106,7 +113,7 @@ def run(args: argparse.Namespace) -> dict:
     previous_handler = signal.signal(signal.SIGTERM, _interrupt)
     worker, worker_key = None, None
     try:
-        for name, _ in windows:
+        for name, _, _ in windows:
             for repeat in range(args.repeats):
                 for row in (rows if repeat % 2 == 0 else rows[::-1]):
                     run_dir = log_dir / f"{name}-{repeat}-{row}"
@@ -129,8 +136,9 @@ def run(args: argparse.Namespace) -> dict:
         "table": _table(runs),
         "tpot_stretch_vs_decode_alone": _stretch(runs),
         "runs": runs,
-        "windows": {name: {"spec": spec, **traces[name].summary()} for name, spec in windows},
-        "config": {"tpot_slo_ms": args.tpot_ms, "rate_scale": args.rate_scale, "concurrency": args.concurrency,
+        "windows": {name: {"spec": spec, "rate_scale": scale, **traces[name].summary()}
+                    for name, spec, scale in windows},
+        "config": {"tpot_slo_ms": args.tpot_ms, "rate_scale": scales, "concurrency": args.concurrency,
                    "max_context_tokens": args.max_context_tokens,
                    "max_generated_tokens": args.max_generated_tokens, "repeats": args.repeats,
                    "warmup_steps": args.warmup_steps, "dtype": args.dtype, "profile": args.profile, "job": job,
@@ -155,11 +163,21 @@ def _parse_window(text: str) -> tuple[str, str]:
     return name, spec
 
 
-def _load_window(spec: str, args: argparse.Namespace):
+def _parse_scales(text: str) -> list[float]:
+    try:
+        scales = [float(part) for part in str(text).split(",")]
+    except ValueError:
+        scales = []
+    if not scales or not all(0 < scale < float("inf") for scale in scales):
+        raise HarvestError(f"--rate-scale {text!r}: expected positive numbers, comma-separated (e.g. 0.05,0.1,0.2)")
+    return scales
+
+
+def _load_window(spec: str, rate_scale: float, args: argparse.Namespace):
     from harvest.replay.replay_run import ReplayRunConfig, load_replay_trace
 
     trace, start, length = _WINDOW.match(f"window={spec}").group(2, 3, 4)
-    config = ReplayRunConfig(trace=trace, out="", window=length, window_start=start, rate_scale=args.rate_scale,
+    config = ReplayRunConfig(trace=trace, out="", window=length, window_start=start, rate_scale=rate_scale,
                              max_context_tokens=args.max_context_tokens,
                              max_generated_tokens=args.max_generated_tokens)
     loaded = load_replay_trace(config)
@@ -201,7 +219,7 @@ def _worker_config(row: str, job: dict, model_path: str, run_dir: Path,
 def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, args: argparse.Namespace) -> dict:
     from harvest.replay.live_replay import LiveReplay
 
-    trainer, base_weights = None, {}
+    trainer, base_weights, co_run = None, {}, None
     try:
         if row.startswith("two-process"):
             trainer_cpus = cpu_halves()[1] if row == "two-process-pinned" else None
@@ -225,6 +243,9 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
             stats = read_stats(worker.admin_url)
             (run_dir / "worker_stats.json").write_text(json.dumps(stats, indent=1))
             base_weights = (stats.get("finetune") or {}).get("base_weights") or {}
+            colocation = stats.get("colocation") or {}
+            # Where the job held a finetune partition: its tokens over the time it held it (the partition's rate).
+            co_run = {partition: entry.get("tokens_per_s") for partition, entry in (colocation.get("co_run") or {}).items()}
             before, after = (results["policies"]["live"]["finetune"][k] or {} for k in ("before", "after"))
             finetune_tokens = after["tokens"] - before["tokens"] if "tokens" in after else None
             counted_by = "harvest job stats: tokens (non-padding)" if finetune_tokens is not None else None
@@ -248,6 +269,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
         "finetune_tokens_per_s": None if finetune_tokens is None else round(finetune_tokens / replay_s, 2),
         "finetune_counted_by": counted_by,
         "base_weights": base_weights.get("mode"),  # the job's (shared or copy); None without one
+        "co_run_tokens_per_s": co_run,
         "replay_s": replay_s,
         "notes": results["notes"],
         "log_dir": str(run_dir),

@@ -194,13 +194,14 @@ class Controller:
         step.publish_ms = self._publish_ms
         step.idle_wait_ms = self._idle_unit_ms + self._publish_ms
         self._idle_unit_ms = self._publish_ms = 0.0
-        self.job.poll()
+        if not self._is_job_beside_decode():
+            self.job.poll()
         if self.planner is None:
             self._decision = None
             return
         self._decision = self.planner.plan(step.batch_size, step.mean_seq_len, self.job.has_ready_work())
         step.predicted_ms = self._decision.predicted_ms
-        self._start_co_run(self._decision)
+        self._start_co_run(self._decision, step)
 
     def after_step(self, step: DecodeStep, kv_demand_slots: int = 0) -> None:
         """The step's tokens are out: give decode the KV memory it needs, fill what is left of the step's
@@ -212,7 +213,9 @@ class Controller:
             step.co_run_tail_ms = (self.clock() - started) * 1e3
         target_ms = self.slo.tpot_slo_ms
         if self._decision is not None:
-            self.planner.observe(self._decision, step.latency_ms)
+            # A wait for the finetune partition's unit in flight, before decode took the device back, is
+            # in the step's time but not decode's.
+            self.planner.observe(self._decision, step.latency_ms - step.preempt_ms)
         if step.latency_ms > BACKOFF_LATENCY_FRACTION * target_ms:
             self.fill_fraction /= 2
         else:
@@ -237,11 +240,13 @@ class Controller:
         memory_started = self.clock()
         did_memory_work = self._rebalance_memory(kv_demand_slots, can_grow=budget_ms > 0)
         step.memory_ms = (self.clock() - memory_started) * 1e3 if did_memory_work else 0.0
-        self.job.poll()
+        beside = self._is_job_beside_decode()
+        if not beside:
+            self.job.poll()
         ran_any = False
         admit_ms = budget_ms - self.slice_reserve_ms
         excess_ms = 0.0
-        while self.job.has_ready_work():
+        while not beside and self.job.has_ready_work():
             kind = self.job.next_unit_kind()
             estimate_ms = self._estimate_ms(kind)
             room_ms = admit_ms - (self.clock() - started) * 1e3
@@ -269,7 +274,7 @@ class Controller:
             if excess_ms > 0 or dropped_ms > 0 or len(recent) % 64 == 0:  # most slices have none: sort less
                 self.slice_reserve_ms = _quantile(recent, RESERVE_QUANTILE)
         self.finetune_ms_in_slack += finetune_ms
-        if not ran_any:
+        if not ran_any and not beside:
             self.job.note_no_room()
         step.finetune_ms = finetune_ms
         self.max_idle_wait_ms = max(self.max_idle_wait_ms, step.idle_wait_ms)
@@ -361,12 +366,17 @@ class Controller:
 
     # ---- what the two forms differ in ----
 
-    def _start_co_run(self, decision) -> None:
+    def _start_co_run(self, decision, step: DecodeStep) -> None:
         """The step is about to launch on decision.infer_sms: start finetuning beside it, if anywhere."""
 
     def _end_co_run(self, step: DecodeStep) -> int:
         """The step's tokens are out: stop finetuning beside it; the tokens it trained meanwhile."""
         return 0
+
+    def _is_job_beside_decode(self) -> bool:
+        """The unit thread holds the job between steps (spatial: a finetune partition is granted): the scheduler
+        thread neither polls it nor runs slice units."""
+        return False
 
     # ---- shared ----
 

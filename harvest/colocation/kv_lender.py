@@ -80,6 +80,19 @@ class KvLender:
             self._stats, self._stats_s = self._fresh_stats(), time.monotonic()
         return bool(has_reclaimed or did_grow)
 
+    def needs_reclaim(self, kv_demand_slots: int) -> bool:
+        """Whether decode's demand takes lent memory back now (free slots under the floor, chunks lent): a read of
+        the KV pool, so the scheduler thread's only."""
+        allocator = self.allocator
+        allocator.set_kv_demand(kv_demand_slots)
+        return (allocator.kv_slots.available_size() < allocator.kv_floor_slots
+                and bool(allocator.chunk_pool.ledger.lent_chunk_ids()))
+
+    def may_grow(self) -> bool:
+        """Whether a rebalance with room might grow the job's window (short of its most layers)."""
+        engine = self.engine
+        return engine is not None and engine.num_window_layers < self.max_window_layers
+
     def stats(self) -> dict:
         """The copy refreshed by the scheduler thread (safe to read from the admin thread)."""
         return self._stats

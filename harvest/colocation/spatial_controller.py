@@ -1,27 +1,33 @@
 """Spatial co-location (HARLI sec. 6.2): each decode step runs on the inference partition the planner picks,
-while finetune units run concurrently on the finetune partition; the temporal slice after the step
-(controller.py) then gives the job the whole device. A partition is SMs of a GPU (GreenPartitions: a
-stream on a green context) or cores of a CPU host (CorePartitions: the thread pinned to a core set); both
-give a context per thread for decode, for co-run units and for the whole device.
+while the finetune job trains on the finetune partition beside it, continuously: a partition granted stays
+granted across steps, and the unit thread runs units on it back to back. A partition is SMs of a GPU
+(GreenPartitions: a stream on a green context) or cores of a CPU host (CorePartitions: the thread pinned to a
+core set); both give a context per thread for decode, for co-run units and for the whole device.
 
-The job has one owner at a time, handed over between the threads (a handshake, not shared access):
-  - the scheduler thread owns it between steps: poll (checkpoint, stop), KV lending (grow, reclaim, drain),
-    slice and idle units all run there;
-  - before a step that co-runs, it hands the job to the unit thread (`_hand_over`), which runs units on the
-    finetune partition while the step runs;
-  - when the step's tokens are out it takes the job back (`_take_back`): no new unit starts, and it waits
-    for the one in flight. Units are sized to the profile's shortest step (up to twice a unit's fixed cost
-    where that is over half of it: unit_sizer.py), so the lender's reclaim, which comes right after, completes
-    within about one decode step of the burst that needed it (stats: take_back_ms).
+The job has one owner at a time, and the owner changes only at a unit boundary (`_job_lock` is held for a
+unit, or for a turn of the scheduler thread's work on the job):
+  - while a finetune partition is granted, the unit thread owns the job: it polls it (checkpoint, stop,
+    publish) and runs units between decode steps as well as during them; the scheduler thread runs no unit;
+  - the grant changes before a step whose partition differs (whole device to decode, or another pair) and
+    before an idle turn: the scheduler thread revokes it and waits for the unit in flight (a preemption,
+    charged to the step as preempt_ms; units are sized to the preemption bound: runtime.py);
+  - KV slots and lent memory stay the scheduler thread's (allocator/unified_allocator.py asserts it): when
+    decode needs lent memory back it takes the job for the rebalance at the unit boundary (a preemption, in
+    the step's memory_ms); growing the job's window is a request the unit thread serves by stopping at its
+    next unit boundary, and the scheduler thread grows the window after a later step, waiting for nothing.
 The co-run finetune time is not charged to the step's latency: it ran beside it, and its interference is
-what the co-run model (stage 2) predicts and the online correction and margin learn; waiting for the unit
-in flight is charged to the step's finetune time.
+what the co-run model (stage 2) predicts and the online correction and margin learn.
 """
 
+import contextlib
 import threading
 import time
 
 from harvest.colocation.controller import Controller
+from harvest.colocation.finetune_job import FinetuneState
+
+IDLE_POLL_S = 0.005
+"""How often the unit thread looks again at a job with no ready work while it holds a grant."""
 
 
 class SpatialController(Controller):
@@ -35,11 +41,20 @@ class SpatialController(Controller):
         self.partitions = partitions
         self.pinned = pinned
         self._partition: tuple[int, int] | None = None
+        """The step's partition (decode's side is what decode_stream_context follows)."""
+        self._granted: tuple[int, int] | None = None
+        """The finetune partition the unit thread may run units on; written by the scheduler thread only."""
+        self._granted_s = 0.0
         self._co_run_tokens = 0
-        self._co_run: dict[tuple[int, int], list[float]] = {}   # partition -> [tokens, ms, steps]
-        self.max_take_back_ms = 0.0
-        self._unit_lock = threading.Lock()
-        self._may_run = threading.Event()
+        self._co_run: dict[tuple[int, int], list[float]] = {}   # partition -> [tokens, ms granted, grants, steps]
+        self.max_preempt_ms = 0.0
+        self.num_preemptions = 0
+        self.num_grow_requests = 0
+        self._job_lock = threading.Lock()
+        self._tokens_lock = threading.Lock()
+        self._wanted = threading.Event()
+        """The scheduler thread wants the job at the next unit boundary (memory work): no unit starts."""
+        self._granted_event = threading.Event()
         self._closed = threading.Event()
         self._runner = threading.Thread(target=self._run_units, name="harvest-finetune-units", daemon=True)
         self._runner.start()
@@ -58,87 +73,157 @@ class SpatialController(Controller):
     def before_step(self, step) -> None:
         super().before_step(step)
         if self.planner is None:
-            self._start_co_run(None)
+            self._start_co_run(None, step)
 
-    def _start_co_run(self, decision) -> None:
+    def _start_co_run(self, decision, step) -> None:
         if self.pinned is not None:
             partition = self.pinned
-        elif decision is not None and decision.ft_sms > 0:
+        elif decision is not None:
             partition = (decision.infer_sms, decision.ft_sms)
         else:
-            partition = None if decision is None else (decision.infer_sms, 0)
+            partition = None
+        grant = partition if partition is not None and partition[1] > 0 and self.job.has_ready_work() else None
+        if grant != self._granted:
+            step.preempt_ms = self._revoke()
+            if grant is not None:
+                self._grant(grant)
         self._partition = partition
-        if partition is not None and partition[1] > 0 and self.job.has_ready_work():
-            self._hand_over()
+        if partition is not None:
+            step.infer_sms = partition[0]
 
     def _end_co_run(self, step) -> int:
-        waited_ms = self._take_back()
-        tokens, self._co_run_tokens = self._co_run_tokens, 0
-        if self._partition is not None and self._partition[1] > 0:
-            totals = self._co_run.setdefault(self._partition, [0, 0.0, 0])
-            totals[0] += tokens
-            totals[1] += step.latency_ms + waited_ms
-            totals[2] += 1
+        with self._tokens_lock:
+            tokens, self._co_run_tokens = self._co_run_tokens, 0
+        if self._granted is not None:
+            self._co_run[self._granted][3] += 1
         return tokens
 
     def _decision_co_ran(self) -> bool:
-        return self._partition is not None and self._partition[1] > 0
+        return self._granted is not None
 
     def _co_run_ft_sms(self) -> int:
-        return self._partition[1]
+        return self._granted[1]
 
-    def _hand_over(self) -> None:
-        self._may_run.set()
+    def _is_job_beside_decode(self) -> bool:
+        return self._granted is not None
 
-    def _take_back(self) -> float:
-        """Stop co-run units and wait for the one in flight; the ms waited."""
+    # ---- the grant (scheduler thread) ----
+
+    def _grant(self, partition: tuple[int, int]) -> None:
+        self._granted, self._granted_s = partition, time.perf_counter()
+        self._co_run.setdefault(partition, [0, 0.0, 0, 0])[2] += 1
+        self._granted_event.set()
+
+    def _revoke(self) -> float:
+        """Take the job back from the unit thread: no unit starts from now; the ms waited for the one in flight."""
+        granted = self._granted
+        if granted is None:
+            return 0.0
         started = time.perf_counter()
-        self._may_run.clear()
-        with self._unit_lock:
+        self._granted = None
+        self._granted_event.clear()
+        with self._job_lock:
             pass
-        waited_ms = (time.perf_counter() - started) * 1e3
-        self.max_take_back_ms = max(self.max_take_back_ms, waited_ms)
+        now = time.perf_counter()
+        self._co_run[granted][1] += (now - self._granted_s) * 1e3
+        waited_ms = (now - started) * 1e3
+        self.num_preemptions += 1
+        self.max_preempt_ms = max(self.max_preempt_ms, waited_ms)
         return waited_ms
 
+    @contextlib.contextmanager
+    def _job_at_boundary(self, wait: bool):
+        """The job for the scheduler thread's own turn while a partition is granted: at the next unit boundary.
+        `wait`: block for the unit in flight (a preemption); else yield False if one is in flight, and leave the
+        request standing so the unit thread stops at its boundary and a later turn finds it free."""
+        self._wanted.set()
+        if not self._job_lock.acquire(blocking=wait):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._wanted.clear()
+            self._job_lock.release()
+
+    def _rebalance_memory(self, kv_demand_slots: int, can_grow: bool = True) -> bool:
+        if self._granted is None or self.lender is None:
+            return super()._rebalance_memory(kv_demand_slots, can_grow)
+        if self.lender.engine is not None and self.lender.needs_reclaim(kv_demand_slots):
+            with self._job_at_boundary(wait=True):  # decode needs its KV back now
+                self.num_preemptions += 1
+                return super()._rebalance_memory(kv_demand_slots, can_grow)
+        engine = self.job.engine if self.job.is_active else None
+        if engine is not None and engine.is_shared:
+            engine = None  # no window to lend to (the base rebalance says so and detaches once)
+        if engine is not self.lender.engine or (can_grow and engine is not None and (
+                self.lender.may_grow() or self.job.state == FinetuneState.WAITING)):
+            with self._job_at_boundary(wait=False) as has_job:
+                if not has_job:
+                    self.num_grow_requests += 1
+                    return False
+                return super()._rebalance_memory(kv_demand_slots, can_grow)
+        return False
+
     def on_idle(self, kv_demand_slots: int = 0) -> int:
-        """No decode batch: units run on the whole device, from the scheduler thread, one per idle turn."""
-        self._take_back()  # a step whose result never came (aborted) must not leave the job handed over
+        """No decode batch: units run on the whole device, from the scheduler thread, one per idle turn; the
+        partition is revoked first (a batch arriving meanwhile waits for that too: it is in the idle wait)."""
+        started = self.clock()
+        waited_ms = self._revoke()
         self._partition = None
-        return super().on_idle(kv_demand_slots)
+        tokens = super().on_idle(kv_demand_slots)
+        if tokens or waited_ms:
+            self._idle_unit_ms = (self.clock() - started) * 1e3
+        return tokens
 
     def close(self) -> None:
+        self._revoke()
         self._closed.set()
-        self._may_run.set()
+        self._granted_event.set()
 
-    def _run_unit(self):
+    def _run_unit(self, co_run: bool = False):
         """A slice or idle unit: the scheduler thread owns the job; the whole device."""
-        with self._unit_lock, self.partitions.whole_device_context():
+        if co_run:
+            return super()._run_unit(co_run=True)
+        with self._job_lock, self.partitions.whole_device_context():
             return super()._run_unit()
 
+    # ---- the unit thread ----
+
     def _run_units(self) -> None:
-        """The unit thread: runs units on the finetune partition while it holds the job."""
+        """Runs units on the granted finetune partition back to back, polling the job between them."""
         while not self._closed.is_set():
-            if not self._may_run.wait(timeout=0.1):
+            partition = self._granted
+            if partition is None or self._wanted.is_set():
+                self._granted_event.wait(timeout=0.1) if partition is None else time.sleep(IDLE_POLL_S / 5)
                 continue
             ran = False
-            with self._unit_lock:
-                partition = self._partition
-                if self._may_run.is_set() and partition is not None and partition[1] > 0 and \
-                        self.job.has_ready_work():
-                    with self.partitions.finetune_context(*partition):
-                        result = super()._run_unit(co_run=True)
-                    ran = result is not None
-                    self._co_run_tokens += result.num_trained_tokens if ran else 0
+            with self._job_lock:
+                if self._granted == partition and not self._wanted.is_set():
+                    self.job.poll()
+                    if self.job.has_ready_work():
+                        with self.partitions.finetune_context(*partition):
+                            result = self._run_unit(co_run=True)
+                        ran = result is not None
+                        if ran:
+                            with self._tokens_lock:
+                                self._co_run_tokens += result.num_trained_tokens
+                            self._co_run[partition][0] += result.num_trained_tokens
             if not ran:
-                self._may_run.wait(timeout=0.005)
-                time.sleep(0.001)
+                time.sleep(IDLE_POLL_S)
 
     def stats(self) -> dict:
-        co_run = {f"{i},{f}": {"tokens": int(t), "ms": round(ms, 1), "steps": int(n),
-                               "tokens_per_s": round(t / ms * 1e3, 3) if ms else None}
-                  for (i, f), (t, ms, n) in self._co_run.items()}
+        granted, granted_s = self._granted, self._granted_s
+        co_run = {}
+        for (i, f), (t, ms, n, steps) in list(self._co_run.items()):
+            if (i, f) == granted:
+                ms += (time.perf_counter() - granted_s) * 1e3
+            co_run[f"{i},{f}"] = {"tokens": int(t), "ms_granted": round(ms, 1), "grants": int(n), "steps": int(steps),
+                                  "tokens_per_s": round(t / ms * 1e3, 3) if ms else None}
         return {**super().stats(),
                 "partitions": {"kind": type(self.partitions).__name__, "num_units": self.partitions.num_sms,
                                "granularity": self.partitions.granularity},
                 "pinned": None if self.pinned is None else list(self.pinned),
-                "co_run": co_run, "take_back_ms_max": round(self.max_take_back_ms, 3)}
+                "granted": None if granted is None else list(granted),
+                "co_run": co_run, "preemptions": self.num_preemptions,
+                "preempt_ms_max": round(self.max_preempt_ms, 3), "grow_requests": self.num_grow_requests}

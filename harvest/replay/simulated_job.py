@@ -81,7 +81,7 @@ class SimulatedSpatialController(Controller):
         self._co_run_tokens_per_s = co_run_tokens_per_s
         self._ft_sms = 0
 
-    def _start_co_run(self, decision) -> None:
+    def _start_co_run(self, decision, step: DecodeStep) -> None:
         self._ft_sms = decision.ft_sms if self.job.has_ready_work() else 0
 
     def _end_co_run(self, step: DecodeStep) -> float:

@@ -1,0 +1,163 @@
+"""The continuous finetune partition's hand-off rules, forced step by step with a job whose units end only
+when the test lets them (no clock in any assertion): a granted partition stays with the unit thread across
+steps; the scheduler thread never polls the job or moves memory while a unit runs; growing the window is a
+request served at a later unit boundary, reclaiming KV for decode and taking the device back wait for the
+unit in flight (a preemption), and no unit starts after either."""
+
+import os
+import threading
+
+import pytest
+
+from harvest.colocation.core_partitions import CorePartitions
+from harvest.colocation.finetune_job import FinetuneState
+from harvest.colocation.spatial_controller import SpatialController
+from harvest.replay.simulated_job import SimulatedUnit
+from harvest.step_stats import DecodeStep, SloTracker
+
+CORES = sorted(os.sched_getaffinity(0))
+pytestmark = pytest.mark.skipif(len(CORES) < 2, reason="core partitions need two cores")
+UNIT_THREAD = "harvest-finetune-units"
+LIVENESS_S = 10.0
+"""How long a call that must not block gets before the test calls it blocked (never reached when it passes)."""
+QUIET_S = 0.3
+"""How long the test watches for something that must not happen (a unit starting, a blocked call returning)."""
+
+
+class Engine:
+    is_shared = False
+    num_window_layers = 1
+
+
+class GatedJob:
+    """Each unit announces its start and ends when the test releases a permit."""
+
+    state = FinetuneState.RUNNING
+    is_active = True
+    max_unit_ms = 1.0
+
+    def __init__(self):
+        self.engine = Engine()
+        self.permits = threading.Semaphore(0)
+        self.started = threading.Semaphore(0)
+        self.in_unit = False
+        self.polls = []      # (thread name, a unit was in flight)
+        self.units = []      # thread names
+
+    def poll(self):
+        self.polls.append((threading.current_thread().name, self.in_unit))
+
+    def has_ready_work(self):
+        return True
+
+    def next_unit_kind(self):
+        return "unit"
+
+    def note_no_room(self):
+        pass
+
+    def run_unit(self):
+        assert not self.in_unit, "two units ran at once"
+        self.in_unit = True
+        self.units.append(threading.current_thread().name)
+        self.started.release()
+        assert self.permits.acquire(timeout=LIVENESS_S)
+        self.in_unit = False
+        return SimulatedUnit("unit", 1.0, 10)
+
+
+class Lender:
+    """The KvLender's side the controller reads (a real one needs SGLang's KV pool: test_kv_lending_e2e.py)."""
+
+    def __init__(self, job):
+        self.job = job
+        self.engine = job.engine
+        self.is_reclaim_needed = False
+        self.is_growth_wanted = False
+        self.rebalances = []   # a unit was in flight
+
+    def needs_reclaim(self, kv_demand_slots):
+        return self.is_reclaim_needed
+
+    def may_grow(self):
+        return self.is_growth_wanted
+
+    def rebalance(self, kv_demand_slots, can_grow):
+        self.rebalances.append(self.job.in_unit)
+        return True
+
+
+def call(fn, *args):
+    """Run fn in a scheduler stand-in thread; the thread (joined by the caller)."""
+    thread = threading.Thread(target=fn, args=args)
+    thread.start()
+    return thread
+
+
+def finishes(thread, timeout_s=LIVENESS_S) -> bool:
+    thread.join(timeout_s)
+    return not thread.is_alive()
+
+
+def test_the_partition_stays_with_the_unit_thread_and_changes_hands_only_at_unit_boundaries():
+    job = GatedJob()
+    lender = Lender(job)
+    controller = SpatialController(job, None, SloTracker(1000.0, 100), CorePartitions([(1, 1), (2, 0)], CORES[:2]),
+                                   "test", lender, pinned=(1, 1))
+    steps = [DecodeStep(n, 1, 10, 0.0) for n in range(6)]
+    for step in steps:
+        step.latency_ms = 1.0
+
+    def between_steps(step):
+        controller.after_step(step, kv_demand_slots=1)
+
+    try:
+        controller.before_step(steps[0])
+        assert job.started.acquire(timeout=LIVENESS_S), "no unit started on the granted partition"
+        # A unit is in flight and cannot end: the step's end and the next step's start wait for nothing.
+        assert finishes(call(between_steps, steps[0]))
+        assert finishes(call(controller.before_step, steps[1]))
+        assert (steps[0].infer_sms, steps[0].ft_sms, steps[1].preempt_ms) == (1, 1, 0.0)
+        assert lender.rebalances == []
+
+        # Growth wanted: a request, not a wait; the unit thread starts nothing once the unit in flight ends...
+        lender.is_growth_wanted = True
+        assert finishes(call(between_steps, steps[1]))
+        assert lender.rebalances == [] and controller.num_grow_requests == 1
+        job.permits.release()
+        assert not job.started.acquire(timeout=QUIET_S), "a unit started while the scheduler asked for the job"
+        # ... and after the next step the window grows at that boundary, and units run again.
+        assert finishes(call(between_steps, steps[1]))
+        assert lender.rebalances == [False]
+        lender.is_growth_wanted = False
+        assert job.started.acquire(timeout=LIVENESS_S), "units did not resume after the growth"
+
+        # Decode needs its KV back: the rebalance waits for the unit in flight (a preemption).
+        lender.is_reclaim_needed = True
+        reclaim = call(between_steps, steps[2])
+        assert not finishes(reclaim, QUIET_S), "the reclaim did not wait for the unit in flight"
+        job.permits.release()
+        assert finishes(reclaim)
+        assert lender.rebalances == [False, False]
+        lender.is_reclaim_needed = False
+        assert job.started.acquire(timeout=LIVENESS_S)
+
+        # Decode takes the whole device: the next step waits for the unit in flight, then no unit starts.
+        controller.pinned = (2, 0)
+        take_back = call(controller.before_step, steps[3])
+        assert not finishes(take_back, QUIET_S), "the step took the device back while a unit ran"
+        job.permits.release()
+        assert finishes(take_back)
+        assert steps[3].preempt_ms > 0.0 and steps[3].infer_sms == 2
+        assert not job.started.acquire(timeout=QUIET_S), "a unit started on a revoked partition"
+    finally:
+        controller.close()
+        for _ in range(4):
+            job.permits.release()
+    assert job.units == [UNIT_THREAD] * 3
+    assert all(not in_unit for name, in_unit in job.polls if name != UNIT_THREAD), \
+        "the scheduler thread polled the job while a unit ran"
+    assert any(name == UNIT_THREAD for name, _ in job.polls), "the unit thread never polled the job it held"
+    stats = controller.stats()
+    assert stats["co_run"]["1,1"]["grants"] == 1 and stats["co_run"]["1,1"]["tokens"] == 30
+    assert stats["preemptions"] == 2 and stats["granted"] is None
