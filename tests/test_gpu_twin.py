@@ -82,7 +82,7 @@ def serve_on_h100(argv: list[str], monkeypatch) -> tuple:
     monkeypatch.setenv("LD_LIBRARY_PATH", "")  # serve adds the system libraries' folder to it
     started = []
     with h100(), mock.patch("harvest.worker.supervisor.supervise",
-                            lambda server_args, config, is_cpu_host: started.append((server_args, config)) or 0):
+                            lambda launch, server_args, config, _: started.append((server_args, config)) or 0):
         assert main(["serve", *argv]) == 0
     assert len(started) == 1
     return started[0]
@@ -186,7 +186,7 @@ def test_deploy_needs_mooncake_installed(model, tmp_path, monkeypatch):
     import importlib.util
 
     from base.errors import HarvestError
-    from harvest.cli.deploy import prepare_deployment
+    from harvest.deploy.pd_deployment import prepare_deployment
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mooncake" else find_spec(name, *a))

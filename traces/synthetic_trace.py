@@ -62,9 +62,9 @@ class SyntheticTrace:
             raise HarvestError(f"synthetic trace {spec!r} needs {' and '.join(f'{k}=' for k in missing)}")
         return cls(kind, **values)
 
-    def generate(self) -> Trace:
-        from traces.trace_loader import load_trace
-
+    def generate(self, lengths_source: Trace) -> Trace:
+        """Arrivals drawn here, request lengths in pairs from `lengths_source` (the shipped trace self.lengths
+        names: the loader reads it, so this module stays below the loader)."""
         rng = np.random.default_rng(self.seed)
         mean_gap_s = 1.0 / self.rate
         # Gamma with shape 1/cv^2 and mean 1/rate has the asked coefficient of variation; shape 1 is exponential.
@@ -78,7 +78,7 @@ class SyntheticTrace:
         arrivals = arrivals[arrivals < self.duration]
         if not len(arrivals):
             raise HarvestError(f"synthetic trace {self.kind} at {self.rate}/s for {self.duration} s has no arrival")
-        source = load_trace(self.lengths)
+        source = lengths_source
         picks = rng.integers(0, source.num_requests, size=len(arrivals))
         name = f"{self.kind}(rate={self.rate:g},duration={self.duration:g},seed={self.seed}" + (
             f",cv={self.cv:g})" if self.kind == "gamma" else ")"

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from base.errors import HarvestError
+from traces import azure_code, azure_conv
+from traces.synthetic_trace import SyntheticTrace
 from traces.trace import Trace
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -21,20 +23,17 @@ _DATETIME = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:\.(\d+))?$"
 
 
 def shipped_traces() -> dict[str, Path]:
-    from traces import azure_code, azure_conv
-
     return {"conv": azure_conv.CSV_PATH, "code": azure_code.CSV_PATH}
 
 
 def load_trace(spec: str) -> Trace:
     """A shipped trace by name, a synthetic trace from its spec, or a CSV file."""
-    from traces.synthetic_trace import SyntheticTrace
-
     shipped = shipped_traces()
     if spec in shipped:
         return load_csv(shipped[spec], name=spec)
     if spec.split(":", 1)[0] in SyntheticTrace.KINDS:
-        return SyntheticTrace.from_spec(spec).generate()
+        synthetic = SyntheticTrace.from_spec(spec)
+        return synthetic.generate(load_csv(shipped[synthetic.lengths], name=synthetic.lengths))
     path = Path(spec)
     if not path.is_file():
         raise HarvestError(

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from base.errors import HarvestError
+from base.ports import bind_port
 from harvest.config import AdminConfig
 
 logger = logging.getLogger(__name__)
@@ -37,8 +38,6 @@ class AdminServer:
     def start(self) -> None:
         """Bind now, in the scheduler's start-up: a port taken since `harvest serve` checked it fails the worker
         with that reason, rather than leaving a worker whose admin URL answers for another process."""
-        from harvest.sglang.launcher import bind_port
-
         try:
             sock = bind_port(self._config.host, self._config.port, "--admin-port")
         except HarvestError as e:

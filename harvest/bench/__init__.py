@@ -6,7 +6,7 @@ import os
 
 def device_name(is_cpu_host: bool) -> str:
     """What a benchmark's JSON calls the machine it ran on: the CPU, and the GPU where there is one."""
-    from harvest.profiler.live_profile import cpu_model_name
+    from harvest.profiler.profiled_device import cpu_model_name
 
     cpu = f"{cpu_model_name()}, {os.cpu_count()} cores"
     if is_cpu_host:

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def print_result(result: dict, console) -> None:
     """The metric table, then the figure it is for, as gpt-fast prints bandwidth achieved."""
-    from harvest.cli.status import print_table
+    from harvest.bench.metric_table import print_table
 
     print_table("harvest bench allocator", result, console)
     console.print(f"lend {result['lend_ms_per_mib']:.4f} ms/MiB, reclaim {result['reclaim_ms_per_mib']:.4f} ms/MiB: "

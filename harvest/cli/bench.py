@@ -10,7 +10,7 @@ import json
 
 from rich.console import Console
 
-from harvest.cli.status import print_table
+from harvest.bench.metric_table import print_table
 
 BENCH_MODULES = {
     "predictor": "predictor.bench",

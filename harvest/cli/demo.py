@@ -41,7 +41,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from harvest.cli.deploy import prepare_deployment
+    from harvest.deploy.pd_deployment import prepare_deployment
     from harvest.cli.main import main as harvest_main
     from harvest.cli.status import print_stats_table
     from harvest.deploy import DeployConfig

@@ -1,13 +1,9 @@
 """`harvest deploy`: a PD deployment on one host (SGLang prefill worker, harvest decode worker, router)."""
 
 import argparse
-import dataclasses
-import importlib.util
-import os
 import signal
 import sys
 
-from base.errors import HarvestError
 
 
 def add_parser(subparsers) -> None:
@@ -44,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from harvest.deploy import DeployConfig
-    from harvest.deploy.pd_deployment import wait_until_stopped
+    from harvest.deploy.pd_deployment import prepare_deployment, wait_until_stopped
     from harvest.models import EMBEDDED_MODEL_PLACEHOLDER
 
     config = DeployConfig(
@@ -76,29 +72,3 @@ def run(args: argparse.Namespace) -> int:
         codes = deployment.stop()
     print(f"harvest deploy: stopped (exit codes {codes})", file=sys.stderr)
     return 0 if by_request and deployment.prefill_exit_code is None else 1
-
-
-def prepare_deployment(config):
-    """Check the ports, resolve the model, and give the processes the driver stub (CPU hosts) and the
-    transfer engine's system libraries; the deployment is returned unstarted."""
-    from base.cuda_driver import ensure_driver_or_stub
-    from base.system_libs import library_path_with_system_libs
-    from harvest.deploy import PDDeployment
-    from harvest.deploy.pd_deployment import prefill_lora_flags
-    from harvest.models import resolve_model_path
-    from harvest.sglang.launcher import check_port_free
-
-    for flag in ("router_port", "router_metrics_port", "prefill_port", "bootstrap_port", "decode_port"):
-        check_port_free(config.host, getattr(config, flag), "--" + flag.replace("_", "-"))
-    check_port_free("127.0.0.1", config.admin_port, "--admin-port")
-    config = dataclasses.replace(config, model_path=str(resolve_model_path(config.model_path)))
-    if importlib.util.find_spec("mooncake") is None:  # the GPU bundle does not carry it
-        raise HarvestError("mooncake is not installed: harvest deploy moves the KV with it (pip install "
-                           "mooncake-transfer-engine on a GPU host, harvest's `pd` extra on a CPU host)")
-    is_cpu_host = ensure_driver_or_stub()
-    if is_cpu_host and config.ib_device:
-        raise HarvestError("--ib-device on a host without a GPU driver: mooncake moves KV over TCP here")
-    config = dataclasses.replace(config, prefill_lora_flags=prefill_lora_flags(config.serve_args, is_cpu_host))
-    env = {"LD_LIBRARY_PATH": library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))}
-    return PDDeployment(config, is_cpu_host, env)
-

@@ -69,10 +69,11 @@ def run(args: argparse.Namespace) -> int:
     from base.cuda_driver import ensure_driver_or_stub
     from base.system_libs import library_path_with_system_libs
     from harvest.models import resolve_model_path
+    from base.ports import check_port_free
     from harvest.sglang.launcher import (
         build_sglang_argv,
-        check_port_free,
         flag_value,
+        launch,
         parse_sglang_args,
         port_flag,
     )
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         passthrough = [*passthrough, *lora_flags_for(llamafactory, passthrough, is_cpu_host)]
     server_args = parse_sglang_args(build_sglang_argv(str(model_path), passthrough, is_cpu_host,
                                                       has_job=config.finetune is not None))
-    return supervise(server_args, config, is_cpu_host)
+    return supervise(launch, server_args, config, is_cpu_host)
 
 
 def _finetune_config(args: argparse.Namespace, model_path):

@@ -1,12 +1,12 @@
-"""`harvest status --admin URL`: a running worker's stats as tables; the table renderer every command uses."""
+"""`harvest status --admin URL`: a running worker's stats as tables."""
 
 import argparse
 
 import httpx
 from rich.console import Console
-from rich.table import Table
 
 from base.errors import HarvestError
+from harvest.bench.metric_table import print_table
 
 
 def add_parser(subparsers) -> None:
@@ -37,24 +37,3 @@ def print_stats_table(stats: dict, console: Console | None = None) -> None:
     console = console or Console()
     for section, values in stats.items():
         print_table(f"harvest {section}", values, console)
-
-
-def print_table(title: str, values, console: Console) -> None:
-    """A (nested) dict as metric / value rows, nested keys joined with '.'."""
-    table = Table(title=title, title_justify="left")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in _rows(values):
-        table.add_row(key, "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value))
-    console.print(table)
-
-
-def _rows(values, prefix: str = ""):
-    if not isinstance(values, dict):
-        yield prefix.rstrip(".") or "value", values
-        return
-    for key, value in values.items():
-        if isinstance(value, dict):
-            yield from _rows(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value

@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from harvest.cli.deploy import prepare_deployment
+    from harvest.deploy.pd_deployment import prepare_deployment
     from harvest.deploy import DeployConfig
     from harvest.deploy.pd_deployment import free_deploy_ports
     from harvest.models import EMBEDDED_MODEL_PLACEHOLDER

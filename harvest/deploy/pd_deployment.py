@@ -7,12 +7,15 @@ its children are reaped, so nothing outlives the deployment.
 """
 
 import dataclasses
+import importlib.util
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from base.errors import HarvestError
+from base.ports import check_port_free
 from harvest.sglang.pd_flags import (
     NUM_TRANSFER_PORTS,
     decode_flags,
@@ -208,3 +211,25 @@ def wait_until_stopped(deployment: PDDeployment, is_stopping, on_problem, poll_s
             return False
         time.sleep(poll_s)
     return True
+
+
+def prepare_deployment(config):
+    """Check the ports, resolve the model, and give the processes the driver stub (CPU hosts) and the
+    transfer engine's system libraries; the deployment is returned unstarted."""
+    from base.cuda_driver import ensure_driver_or_stub
+    from base.system_libs import library_path_with_system_libs
+    from harvest.models import resolve_model_path
+
+    for flag in ("router_port", "router_metrics_port", "prefill_port", "bootstrap_port", "decode_port"):
+        check_port_free(config.host, getattr(config, flag), "--" + flag.replace("_", "-"))
+    check_port_free("127.0.0.1", config.admin_port, "--admin-port")
+    config = dataclasses.replace(config, model_path=str(resolve_model_path(config.model_path)))
+    if importlib.util.find_spec("mooncake") is None:  # the GPU bundle does not carry it
+        raise HarvestError("mooncake is not installed: harvest deploy moves the KV with it (pip install "
+                           "mooncake-transfer-engine on a GPU host, harvest's `pd` extra on a CPU host)")
+    is_cpu_host = ensure_driver_or_stub()
+    if is_cpu_host and config.ib_device:
+        raise HarvestError("--ib-device on a host without a GPU driver: mooncake moves KV over TCP here")
+    config = dataclasses.replace(config, prefill_lora_flags=prefill_lora_flags(config.serve_args, is_cpu_host))
+    env = {"LD_LIBRARY_PATH": library_path_with_system_libs(os.environ.get("LD_LIBRARY_PATH", ""))}
+    return PDDeployment(config, is_cpu_host, env)

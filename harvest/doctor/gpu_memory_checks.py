@@ -5,6 +5,7 @@ import ctypes
 import time
 
 from harvest.doctor.check import FAIL, PASS, Check
+from harvest.doctor.kv_round_trip import kv_lend_reclaim
 from harvest.doctor.vmm_round_trip import vmm_round_trip
 
 MIB = 1 << 20
@@ -160,35 +161,10 @@ def gpu_unmap_inflight_dma() -> dict:
 
 
 def gpu_kv_lend_reclaim() -> dict:
-    import torch
-
     from allocator.config import AllocatorConfig
-    from allocator.unified_allocator import UnifiedAllocator
 
     config = AllocatorConfig(num_layers=4, kv_row_bytes=8 * 128 * 2, num_chunks=6, backend="cuda")
-    allocator = UnifiedAllocator(config)
-    try:
-        pool = allocator.chunk_pool
-        k, v = pool.kv_buffers(config.num_slots, (8, 128), torch.bfloat16)   # per layer [num_slots, 8, 128]
-        live = torch.arange(1, 2 * config.slots_per_chunk, device="cuda")
-        for i, buffer in enumerate(k + v):
-            buffer[live] = float(i + 1)
-        pool.lend(5)
-        pool.lend(4)
-        tensor = pool.alloc_tensor((config.blocks_per_chunk * config.block_bytes // 2,), torch.bfloat16)
-        tensor.fill_(-7.0)
-        torch.cuda.synchronize()
-        filled = bool((tensor == -7.0).all())
-        pool.free_tensor(tensor)
-        pool.reclaim(4)
-        pool.reclaim(5)
-        torch.cuda.synchronize()
-        intact = all(bool((b[live] == float(i + 1)).all()) for i, b in enumerate(k + v))
-        zeroed = all(bool((b[4 * config.slots_per_chunk:] == 0).all()) for b in k + v)
-    finally:
-        allocator.close()
-    ok = filled and intact and zeroed
-    return {"status": PASS if ok else FAIL, "filled": filled, "live_kv_intact": intact, "reclaimed_zeroed": zeroed}
+    return kv_lend_reclaim(config, (8, 128), "cuda")
 
 
 def gpu_swap_evict() -> dict:

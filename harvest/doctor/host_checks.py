@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from harvest.doctor.check import FAIL, PASS, Check
+from harvest.doctor.kv_round_trip import kv_lend_reclaim
 from harvest.doctor.vmm_round_trip import vmm_round_trip
 from harvest.sglang.version import PINNED_STACK
 
@@ -72,33 +73,10 @@ def host_stray_read() -> dict:
 
 def host_kv_lend_reclaim() -> dict:
     """KV bytes of live chunks survive lending, tensor use and reclaim of other chunks; reclaimed chunks read zero."""
-    import torch
-
     from allocator.config import AllocatorConfig
-    from allocator.unified_allocator import UnifiedAllocator
 
     config = AllocatorConfig(num_layers=2, kv_row_bytes=4 * 16 * 2, num_chunks=6, block_bytes=PAGE_BLOCK_BYTES)
-    allocator = UnifiedAllocator(config)
-    try:
-        pool = allocator.chunk_pool
-        k, v = pool.kv_buffers(config.num_slots, (4, 16), torch.bfloat16)   # per layer [num_slots, 4, 16]
-        live = torch.arange(1, 2 * config.slots_per_chunk)
-        for i, buffer in enumerate(k + v):
-            buffer[live] = float(i + 1)
-        pool.lend(5)
-        pool.lend(4)
-        tensor = pool.alloc_tensor((config.blocks_per_chunk * config.block_bytes // 2,), torch.bfloat16)
-        tensor.fill_(-7.0)
-        filled = bool((tensor == -7.0).all())
-        pool.free_tensor(tensor)
-        pool.reclaim(4)
-        pool.reclaim(5)
-        intact = all(bool((b[live] == float(i + 1)).all()) for i, b in enumerate(k + v))
-        zeroed = all(bool((b[4 * config.slots_per_chunk:] == 0).all()) for b in k + v)
-    finally:
-        allocator.close()
-    ok = filled and intact and zeroed
-    return {"status": PASS if ok else FAIL, "filled": filled, "live_kv_intact": intact, "reclaimed_zeroed": zeroed}
+    return kv_lend_reclaim(config, (4, 16), "cpu")
 
 
 HOST_CHECKS = [

@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 
 from base.errors import HarvestError
+from harvest.finetune.job_values import check_values
+from harvest.finetune.publishing import split_harvest_keys
 
 # Keys whose non-default value changes the training loop in ways the layer-wise engine does not reproduce.
 UNSUPPORTED_KEYS = {
@@ -100,8 +102,6 @@ class LlamaFactoryArgs:
                 raw["dataset_dir"] = str(candidate)
         check_supported(raw)
         raw["model_name_or_path"] = str(_resolve_model(raw["model_name_or_path"]))
-        from harvest.finetune.publishing import split_harvest_keys
-
         llamafactory_raw, publishing = split_harvest_keys(raw)
         return cls(raw, *_parse(llamafactory_raw), publishing=publishing)
 
@@ -127,9 +127,6 @@ def check_supported(raw: dict[str, Any]) -> None:
         value = raw.get(key)
         if value not in (None, False, 0, 0.0, "", [], {}):
             raise HarvestError(f"{key}: {what} is not supported by harvest's layer-wise engine")
-    from harvest.finetune.job_validation import check_values
-    from harvest.finetune.publishing import split_harvest_keys
-
     check_values(split_harvest_keys(raw)[0])
     if raw.get("template") is not None:
         _check_template(raw["template"])

@@ -12,7 +12,6 @@ re-queued when disturbed and reduced by their minimum: eval/README.md, "Live pro
 """
 
 import os
-import platform
 import random
 import statistics
 import tempfile
@@ -64,17 +63,6 @@ def min_visit(visits):
 VISIT_STATISTICS = {"median": median_visit, "min": min_visit}
 
 
-def cpu_model_name() -> str:
-    """What to call this host's processor in a profile."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"CPU: {line.split(':', 1)[1].strip()}"
-    except OSError:
-        pass
-    return f"CPU: {platform.processor() or platform.machine()}"
-
-
 def recorded_path(path: str | Path) -> str:
     """A path as a profile records it: relative to the working directory (the repository) when inside it,
     so a shipped profile names no machine's directories."""
@@ -93,7 +81,7 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
     from harvest.models import EMBEDDED_MODEL_PLACEHOLDER, resolve_model_path
     from harvest.profiler import DecodeProfiler
     from harvest.profiler.foreign_load import ForeignLoad
-    from harvest.profiler.profiled_device import local_device
+    from harvest.profiler.profiled_device import cpu_model_name, local_device
     from harvest.worker.process import WorkerProcess
     from predictor.config import DEFAULT_CONFIG
     from predictor.profile import Profile

@@ -12,7 +12,9 @@ What differs by kind, and why:
   - how few partitions co-run needs: two cores on a CPU; on a GPU, a driver split of at least two groups.
 """
 
+import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 from base.errors import HarvestError
 from predictor.partition_grid import PartitionGrid
@@ -77,7 +79,6 @@ def local_device() -> ProfiledDevice:
 
 def cpu_device(cores: list[int] | None = None) -> ProfiledDevice:
     from harvest.colocation.core_partitions import CorePartitions
-    from harvest.profiler.live_profile import cpu_model_name
 
     return ProfiledDevice(cpu_model_name(), CorePartitions(None, cores), "cpu", PartitionGrid.from_name("cpu"))
 
@@ -92,3 +93,14 @@ def gpu_device(index: int) -> ProfiledDevice:
             from None
     grid = PartitionGrid(partitions.num_sms, partitions.num_sms)
     return ProfiledDevice(partitions.device_name, partitions, f"cuda:{index}", grid)
+
+
+def cpu_model_name() -> str:
+    """What to call this host's processor in a profile."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"CPU: {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return f"CPU: {platform.processor() or platform.machine()}"

@@ -9,7 +9,6 @@ import contextlib
 import io
 import logging
 import os
-import socket
 import warnings
 
 from base.errors import HarvestError
@@ -115,22 +114,6 @@ def parse_sglang_args(argv: list[str]):
     if server_args.tp_size != 1 or server_args.dp_size != 1 or server_args.pp_size != 1:
         raise HarvestError("harvest co-locates on one decode GPU per worker: use --tp 1 --dp 1 --pp 1")
     return server_args
-
-
-def bind_port(host: str, port: int, flag: str) -> socket.socket:
-    """A TCP socket bound to host:port (SO_REUSEADDR, as servers bind), or the flag's one-line error."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise HarvestError(f"{flag} {port} on {host} is not available: {e.strerror}") from None
-    return sock
-
-
-def check_port_free(host: str, port: int, flag: str) -> None:
-    bind_port(host, port, flag).close()
 
 
 def launch(server_args, config: ServeConfig, is_cpu_host: bool) -> None:

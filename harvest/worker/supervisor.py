@@ -16,6 +16,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -30,21 +31,23 @@ FINETUNE_STOP_TIMEOUT_S = 120.0  # one unit to finish plus writing the adapter a
 PARENT_POLL_S = 0.5
 
 
-def supervise(server_args, config: ServeConfig, is_cpu_host: bool) -> int:
+def supervise(launch: Callable, server_args, config: ServeConfig, is_cpu_host: bool) -> int:
+    """Run `launch(server_args, config, is_cpu_host)` (harvest.sglang.launcher.launch: the caller names it, so
+    the process handle does not import SGLang's side) in a spawned worker and own its shutdown."""
     fd, failure_path = tempfile.mkstemp(prefix="harvest-start-failure-")
     os.close(fd)
     os.environ[START_FAILURE_ENV] = failure_path  # the spawned worker and its scheduler inherit it
     try:
-        return _supervise(server_args, config, is_cpu_host)
+        return _supervise(launch, server_args, config, is_cpu_host)
     finally:
         os.environ.pop(START_FAILURE_ENV, None)
         with contextlib.suppress(OSError):
             os.unlink(failure_path)
 
 
-def _supervise(server_args, config: ServeConfig, is_cpu_host: bool) -> int:
+def _supervise(launch: Callable, server_args, config: ServeConfig, is_cpu_host: bool) -> int:
     worker = multiprocessing.get_context("spawn").Process(
-        target=_run_worker, args=(server_args, config, is_cpu_host, os.getpid()), name="harvest-worker"
+        target=_run_worker, args=(launch, server_args, config, is_cpu_host, os.getpid()), name="harvest-worker"
     )
     worker.start()
     stopping = []
@@ -87,12 +90,10 @@ def _checkpoint_finetune(config: ServeConfig) -> None:
         logger.error("harvest: could not checkpoint the finetune job before shutdown: %s", e)
 
 
-def _run_worker(server_args, config: ServeConfig, is_cpu_host: bool, supervisor_pid: int) -> None:
+def _run_worker(launch: Callable, server_args, config: ServeConfig, is_cpu_host: bool, supervisor_pid: int) -> None:
     os.setsid()  # terminal signals go to the supervisor only
     threading.Thread(target=_stop_when_orphaned, args=(supervisor_pid, config), name="harvest-orphan-watchdog",
                      daemon=True).start()
-    from harvest.sglang.launcher import launch
-
     launch(server_args, config, is_cpu_host)
 
 

@@ -8,7 +8,7 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from harvest.profiler.live_profile import cpu_model_name
+from harvest.profiler.profiled_device import cpu_model_name
 
 FIGURES_PATH = Path(__file__).resolve().parents[2] / "runs" / "faults" / "figures.json"
 CASES_DIR = FIGURES_PATH.parent / "cases"
