@@ -28,6 +28,7 @@ from base.errors import HarvestError
 from base.native import NATIVE_BUILD_DIR, REPO_ROOT
 from harvest.bundle.gpu_image import IMAGE_DISTRIBUTIONS, IMAGE_VERSIONS, KEPT_FROM_IMAGE, NEVER_CARRIED
 from harvest.bundle.import_set import RUNTIME_IMPORTS_FILE
+from harvest.bundle.install_bundle import sha256_of
 from harvest.bundle.wheel_repack import (parse_wheel_name, repack_wheel, sglang_drop, sglang_kernel_drop,
                                          sglang_kernel_rename)
 from harvest.sglang.version import PINNED_STACK
@@ -108,7 +109,7 @@ def build_bundle(spec: BundleSpec) -> dict:
         payload = Path(tmp) / PAYLOAD_NAME
         _write_payload(payload, wheels_dir, spec.native_dir)
         parts = _split(payload, out_dir)
-        payload_sha256 = _sha256(payload)
+        payload_sha256 = sha256_of(payload)
         payload_bytes = payload.stat().st_size
     shutil.copy(Path(__file__).with_name(INSTALLER_NAME), out_dir / INSTALLER_NAME)
     # torch (and what it pulls: triton, nvidia-*) the twin installs on its own, as the image has it.
@@ -245,7 +246,7 @@ def _describe_wheels(wheels_dir: Path, carried: dict) -> list[dict]:
             why += "; repacked py3-none-any without the cp311 gRPC module"
         if dist == "sglang-kernel":
             why += "; trimmed to one GPU architecture, no FA3/FlashMLA/mscclpp"
-        described.append({"file": wheel.name, "bytes": wheel.stat().st_size, "sha256": _sha256(wheel), "why": why})
+        described.append({"file": wheel.name, "bytes": wheel.stat().st_size, "sha256": sha256_of(wheel), "why": why})
     return described
 
 
@@ -270,14 +271,6 @@ def _split(payload: Path, out_dir: Path) -> list[dict]:
             part.write_bytes(chunk)
             parts.append({"name": part.name, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
     return parts
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(2**20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _installed_version(name: str) -> str:

@@ -4,6 +4,7 @@ import argparse
 import signal
 import sys
 
+from harvest.cli.model_flag import add_model_path
 
 
 def add_parser(subparsers) -> None:
@@ -16,8 +17,7 @@ def add_parser(subparsers) -> None:
         "three. Flags not listed here go to `harvest serve` (e.g. --finetune JOB.yaml --tpot-slo-ms 300).",
         allow_abbrev=False,
     )
-    parser.add_argument("--model-path", "--model", default=None,
-                        help="local HF model directory (default: the embedded SmolLM2-135M-Instruct)")
+    add_model_path(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
     parser.add_argument("--port", "--router-port", dest="router_port", type=int, default=30000,
                         help="router port, where clients send requests (default 30000)")

@@ -3,6 +3,7 @@
 import argparse
 import os
 
+from harvest.cli.model_flag import add_model_path
 from harvest.config import AdminConfig, ServeConfig
 
 # FinetuneConfig fields as `harvest serve` spells them, for error messages.
@@ -21,8 +22,7 @@ def add_parser(subparsers) -> None:
         "--device cpu --attention-backend torch_native --disable-cuda-graph --disable-overlap-schedule.",
         allow_abbrev=False,
     )
-    parser.add_argument("--model-path", "--model", default=None,
-                        help="local HF model directory (default: the embedded SmolLM2-135M-Instruct)")
+    add_model_path(parser)
     parser.add_argument("--admin-host", default="127.0.0.1", help="admin HTTP address (default 127.0.0.1)")
     parser.add_argument("--admin-port", type=int, default=30100, help="admin HTTP port (default 30100)")
     parser.add_argument("--admin-token", default=None,
