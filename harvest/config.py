@@ -1,10 +1,22 @@
 """Configuration of one `harvest serve` worker: parsed once at the CLI edge, read-only afterwards."""
 
+import enum
 import ipaddress
 from dataclasses import dataclass
 
 from base.errors import HarvestError
 from harvest.finetune.finetune_config import FinetuneConfig
+
+
+class Colocation(enum.Enum):
+    """How the finetune job shares the device with decode (`--colocation`)."""
+
+    TEMPORAL = "temporal"
+    """Between decode steps, on the whole device, in the slack each step leaves under the TPOT target."""
+    SPATIAL = "spatial"
+    """Beside decode on a partition of the device (SMs of a GPU, cores of a CPU host)."""
+    OFF = "off"
+    """No finetune job: serve only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +65,8 @@ class ServeConfig:
     """Largest batch captured on a partition's graph set (`--partition-graph-max-bs`); a larger batch on a
     partition decodes eagerly on its stream. None: the largest the planner co-runs at (every size without a
     profile, on the one pinned partition)."""
+    colocation: Colocation | None = None
+    """The co-location mode asked for (`--colocation`); None: inferred (colocation_mode)."""
     publish_to: tuple[str, ...] = ()
     """Further SGLang workers that load every published version (`--publish-to URL`): a PD deployment's
     prefill workers, which compute the prompts of requests naming the adapter."""
@@ -72,6 +86,7 @@ class ServeConfig:
             infer, ft = self.pinned_partition
             if infer < 1 or ft < 0:
                 raise HarvestError(f"--pin-partition needs INFER >= 1 and FT >= 0, got {infer},{ft}")
+        self._check_colocation()
         if self.partition_graph_sets < 0:
             raise HarvestError(f"--partition-graph-sets must be >= 0, got {self.partition_graph_sets}")
         if self.partition_graph_max_bs is not None and self.partition_graph_max_bs < 1:
@@ -83,6 +98,39 @@ class ServeConfig:
                 raise HarvestError(f"--publish-to {url!r} is not an http(s) URL of an SGLang worker")
         if self.kv_block_kib < 4 or self.kv_block_kib & (self.kv_block_kib - 1):
             raise HarvestError(f"--kv-block-kib must be a power of two >= 4 (host pages), got {self.kv_block_kib}")
+
+    def _check_colocation(self) -> None:
+        if self.colocation is None:
+            return
+        flag = f"--colocation {self.colocation.value}"
+        if self.colocation is Colocation.OFF:
+            if self.finetune is not None:
+                raise HarvestError(f"{flag} serves only: drop --finetune, or pick temporal or spatial")
+            return
+        if self.finetune is None:
+            raise HarvestError(f"{flag} needs --finetune: the job to co-locate")
+        if self.colocation is Colocation.TEMPORAL and self.pinned_partition is not None:
+            raise HarvestError(f"{flag} runs on the whole device: --pin-partition is spatial")
+        if self.colocation is Colocation.SPATIAL and self.pinned_partition is None and self.profile_path is None:
+            raise HarvestError(f"{flag} needs --pin-partition or a --profile with co-run partitions")
+
+
+def colocation_mode(config: ServeConfig, profile) -> Colocation:
+    """The worker's co-location mode, decided here only. Unless --colocation names it: spatial where
+    --pin-partition names a partition or the profile has co-run partitions (SMs of a GPU, or cores of the CPU
+    host it was measured on), else temporal; off without a finetune job."""
+    if config.finetune is None:
+        return Colocation.OFF
+    has_co_run = profile is not None and profile.latency_model.has_colo and (
+        config.finetune.device.startswith("cuda") or profile.is_cpu)
+    if config.colocation is Colocation.SPATIAL and config.pinned_partition is None and not has_co_run:
+        raise HarvestError("--colocation spatial: the --profile has no co-run partitions for this device to plan "
+                           "with (measure them with `harvest profile`, or give --pin-partition)")
+    if config.colocation is not None:
+        return config.colocation
+    if config.pinned_partition is not None or has_co_run:
+        return Colocation.SPATIAL
+    return Colocation.TEMPORAL
 
 
 def is_loopback(host: str) -> bool:

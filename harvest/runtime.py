@@ -12,7 +12,7 @@ import time
 
 from base.errors import HarvestError
 from harvest.admin.metrics import HarvestMetrics
-from harvest.config import ServeConfig
+from harvest.config import Colocation, ServeConfig, colocation_mode
 from harvest.step_stats import DecodeStep, StepStats
 
 PREEMPTION_BOUND_SHARE = 0.25
@@ -27,7 +27,7 @@ class HarvestRuntime:
     def __init__(self, config: ServeConfig):
         self.config = config
         self.profile = _load_profile(config)
-        self.is_spatial = _is_spatial(config, self.profile)
+        self.colocation = colocation_mode(config, self.profile)
         self.stats = StepStats(config.stats_window_steps)
         self.metrics = HarvestMetrics()
         self.controller = None
@@ -44,6 +44,10 @@ class HarvestRuntime:
         self.served_weights = None
         """The served model's resident weights (harvest.sglang.hooks sets it): a job on the same model
         computes on them in place."""
+
+    @property
+    def is_spatial(self) -> bool:
+        return self.colocation is Colocation.SPATIAL
 
     @property
     def job(self):
@@ -208,7 +212,7 @@ class HarvestRuntime:
         """Run every step on partition (infer, ft) from the next one; None: the planner chooses again (a
         spatial worker only; unpinning needs its profile)."""
         controller = self.controller
-        if controller is None or controller.mode != "spatial":
+        if controller is None or not self.is_spatial:
             raise HarvestError("only a spatial worker has partitions to pin (--pin-partition or a co-run --profile)")
         if partition is None and controller.planner is None:
             raise HarvestError("this worker has no --profile: nothing would choose the partition if unpinned")
@@ -247,19 +251,6 @@ def _load_profile(config: ServeConfig):
     from predictor import Profile
 
     return Profile.load(config.profile_path)
-
-
-def _is_spatial(config: ServeConfig, profile) -> bool:
-    """Spatial co-location where the profile has co-run partitions (SMs of a GPU, or cores of a CPU host) or
-    --pin-partition names one; else temporal."""
-    if config.finetune is None:
-        return False
-    if config.pinned_partition is not None:
-        return True
-    if profile is None or not profile.latency_model.has_colo:
-        return False
-    # A profile's units are the device's: a GPU's SMs, or the cores of the CPU host it was measured on.
-    return config.finetune.device.startswith("cuda") or profile.is_cpu
 
 
 def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0, served_weights=None,

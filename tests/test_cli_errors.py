@@ -77,6 +77,8 @@ def test_admin_port_taken_while_the_worker_starts_stops_it_with_one_line(harvest
         (["--kv-block-kib", "48"], ["--kv-block-kib", "48"]),
         (["--pin-partition", "1"], ["--pin-partition", "INFER,FT", "'1'"]),
         (["--pin-partition", "1,1"], ["--pin-partition needs --finetune"]),
+        (["--colocation", "sideways"], ["--colocation", "sideways"]),
+        (["--colocation", "temporal"], ["--colocation temporal needs --finetune"]),
         (["--tpot-slo-ms", "100", "--profile", "predictor/profiles/synthetic-h100-llama3-8b.json"],
          ["SYNTHETIC", "--allow-synthetic-profile"]),
     ],

@@ -115,13 +115,13 @@ def core_profile(tmp_path):
 def test_the_planner_picks_the_core_partition_per_step_and_decode_follows_it(tmp_path):
     from harvest.config import AdminConfig, ServeConfig
     from harvest.finetune import FinetuneConfig
-    from harvest.runtime import _is_spatial
+    from harvest.config import Colocation, colocation_mode
     from predictor import SplitPlanner
 
     profile = core_profile(tmp_path)
     assert profile.partitions == ((1, 0), (2, 0), (1, 1))
     config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cpu", yaml_path="job.yaml"), tpot_slo_ms=40.0)
-    assert _is_spatial(config, profile), "a CPU host's co-run profile makes the worker spatial"
+    assert colocation_mode(config, profile) is Colocation.SPATIAL, "a CPU host's co-run profile makes the worker spatial"
     job = RecordingJob()
     planner = SplitPlanner(profile, 40.0)
     controller = SpatialController(job, planner, SloTracker(40.0, 100), CorePartitions(list(profile.partitions),

@@ -20,7 +20,7 @@ def test_a_gpu_co_run_profile_measures_every_formed_partition_and_its_finetune_r
 
     from harvest.config import AdminConfig, ServeConfig
     from harvest.finetune import FinetuneConfig
-    from harvest.runtime import _is_spatial
+    from harvest.config import Colocation, colocation_mode
 
     # The job trains in the worker through every visit: it must not finish first (the profiler's own
     # solo runs set their max_steps).
@@ -46,4 +46,4 @@ def test_a_gpu_co_run_profile_measures_every_formed_partition_and_its_finetune_r
                           for t in co_run)
     config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path=str(job)), tpot_slo_ms=40.0,
                          profile_path=str(tmp_path / "p" / "gpu.json"))
-    assert _is_spatial(config, profile)
+    assert colocation_mode(config, profile) is Colocation.SPATIAL

@@ -4,7 +4,7 @@ import argparse
 import os
 
 from harvest.cli.model_flag import add_model_path
-from harvest.config import AdminConfig, ServeConfig
+from harvest.config import AdminConfig, Colocation, ServeConfig, colocation_mode
 
 # FinetuneConfig fields as `harvest serve` spells them, for error messages.
 SERVE_FLAGS = {"num_window_layers": "--finetune-window-layers", "max_unit_ms": "--finetune-max-unit-ms",
@@ -34,6 +34,10 @@ def add_parser(subparsers) -> None:
                             help="decode latency target per step; finetuning never takes time a step needs")
     colocation.add_argument("--profile", default=None,
                             help="latency profile JSON (harvest profile); without it the budget comes from measured steps")
+    colocation.add_argument("--colocation", choices=[m.value for m in Colocation], default=None,
+                            help="temporal: between decode steps on the whole device; spatial: beside decode on a "
+                            "partition; off: serve only (default: spatial with --pin-partition or a co-run "
+                            "--profile, else temporal; off without --finetune)")
     colocation.add_argument("--pin-partition", metavar="INFER,FT", default=None,
                             help="spatial co-location on this one partition every step, no planner: decode on INFER "
                             "SMs (CPU: cores), finetune beside it on FT (profiling, benchmarks). A --profile with "
@@ -89,12 +93,13 @@ def run(args: argparse.Namespace) -> int:
         kv_lending=not args.no_kv_lending,
         kv_block_kib=args.kv_block_kib,
         pinned_partition=_partition_flag(args.pin_partition),
+        colocation=None if args.colocation is None else Colocation(args.colocation),
         partition_graph_sets=args.partition_graph_sets,
         partition_graph_max_bs=args.partition_graph_max_bs,
         publish_to=tuple(args.publish_to),
     )
     if config.profile_path is not None:
-        _check_profile(config.profile_path, args.allow_synthetic_profile)
+        _check_profile(config, args.allow_synthetic_profile)
     _check_core_partitions(config)
     # Ports first: the cheapest check, before SGLang is imported (SGLang's defaults: 127.0.0.1:30000).
     check_port_free(flag_value(args.passthrough, "--host") or "127.0.0.1",
@@ -133,15 +138,19 @@ def _finetune_config(args: argparse.Namespace, model_path):
     return config, llamafactory
 
 
-def _check_profile(path: str, allow_synthetic: bool) -> None:
-    """A bad profile fails here, not in the worker; a synthetic one only where the user asked for it."""
+def _check_profile(config: ServeConfig, allow_synthetic: bool) -> None:
+    """A bad profile, or one that cannot give the --colocation asked for, fails here, not in the worker; a
+    synthetic one only where the user asked for it."""
     import sys
 
     from base.errors import HarvestError
     from predictor import Profile
     from predictor.synthetic_profile import is_synthetic
 
+    path = config.profile_path
     profile = Profile.load(path)
+    if config.finetune is not None:
+        colocation_mode(config, profile)
     if not is_synthetic(profile):
         return
     if not allow_synthetic:

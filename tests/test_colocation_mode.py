@@ -1,0 +1,55 @@
+"""`--colocation`: the mode decided in one place (harvest.config.colocation_mode), bad combinations refused."""
+
+import pytest
+
+from base.errors import HarvestError
+from harvest.config import AdminConfig, Colocation, ServeConfig, colocation_mode
+from harvest.finetune import FinetuneConfig
+from predictor import Profile
+
+CO_RUN_PROFILE = "predictor/profiles/cpu-cores-smollm2-135m.json"
+TEMPORAL_PROFILE = "predictor/profiles/cpu-smollm2-135m.json"
+
+
+def serve_config(finetune=True, **kwargs) -> ServeConfig:
+    job = FinetuneConfig("cpu", yaml_path="job.yaml") if finetune else None
+    return ServeConfig(admin=AdminConfig(), finetune=job, tpot_slo_ms=None if job is None else 40.0, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "profile_path", "mode"),
+    [
+        ({"finetune": False}, None, Colocation.OFF),
+        ({}, None, Colocation.TEMPORAL),
+        ({"profile_path": TEMPORAL_PROFILE}, TEMPORAL_PROFILE, Colocation.TEMPORAL),
+        ({"profile_path": CO_RUN_PROFILE}, CO_RUN_PROFILE, Colocation.SPATIAL),
+        ({"pinned_partition": (1, 1)}, None, Colocation.SPATIAL),
+        ({"profile_path": CO_RUN_PROFILE, "colocation": Colocation.TEMPORAL}, CO_RUN_PROFILE, Colocation.TEMPORAL),
+        ({"colocation": Colocation.SPATIAL, "pinned_partition": (1, 1)}, None, Colocation.SPATIAL),
+        ({"finetune": False, "colocation": Colocation.OFF}, None, Colocation.OFF),
+    ],
+)
+def test_the_mode_is_today_s_inference_unless_named(kwargs, profile_path, mode):
+    profile = None if profile_path is None else Profile.load(profile_path)
+    assert colocation_mode(serve_config(**kwargs), profile) is mode
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"colocation": Colocation.OFF}, "--colocation off serves only"),
+        ({"finetune": False, "colocation": Colocation.TEMPORAL}, "--colocation temporal needs --finetune"),
+        ({"colocation": Colocation.TEMPORAL, "pinned_partition": (1, 1)}, "--pin-partition is spatial"),
+        ({"colocation": Colocation.SPATIAL}, "--colocation spatial needs --pin-partition or a --profile"),
+    ],
+)
+def test_bad_combinations_are_one_line_errors(kwargs, fragment):
+    with pytest.raises(HarvestError, match=fragment) as error:
+        serve_config(**kwargs)
+    assert "\n" not in str(error.value)
+
+
+def test_spatial_with_a_profile_without_co_run_partitions_is_refused():
+    config = serve_config(colocation=Colocation.SPATIAL, profile_path=TEMPORAL_PROFILE)
+    with pytest.raises(HarvestError, match="no co-run partitions"):
+        colocation_mode(config, Profile.load(TEMPORAL_PROFILE))
