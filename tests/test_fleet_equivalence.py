@@ -16,6 +16,7 @@ os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from harvest.finetune import FinetuneEngine
@@ -41,13 +42,13 @@ def write_dataset(directory, rows) -> dict:
     return {"dataset": "fleet_rows", "dataset_dir": str(directory)}
 
 
-def train_replica(job_path, lighthouse: str, replica_id: str, out_path: str, queue) -> None:
+def train_replica(job_path, lighthouse: str, replica_id: str, out_path: str, checkpoint_dir: str, queue) -> None:
     from harvest.fleet import RoundPolicy
     from harvest.fleet.replica import run_replica
 
     torch.set_num_threads(1)
     run = run_replica(job_path, lighthouse, replica_id, RoundPolicy(every_tokens=1), min_members=2,
-                      wait_each_round=True)
+                      wait_each_round=True, checkpoint_dir=checkpoint_dir)
     save_file(run["adapter"], out_path)
     queue.put((replica_id, run["tokens"], [(r.round, r.members, r.committed, r.tokens) for r in run["rounds"]]))
 
@@ -64,7 +65,8 @@ def test_two_replicas_with_a_round_each_step_equal_one_worker_on_the_union(tmp_p
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     processes = [context.Process(target=train_replica, args=(str(job), lighthouse.address(), f"r{i}",
-                                                             str(tmp_path / f"r{i}.safetensors"), queue))
+                                                             str(tmp_path / f"r{i}.safetensors"),
+                                                             str(tmp_path / "fleet-checkpoints"), queue))
                  for i, job in enumerate(jobs)]
     for process in processes:
         process.start()
@@ -89,6 +91,13 @@ def test_two_replicas_with_a_round_each_step_equal_one_worker_on_the_union(tmp_p
     replicas = [load_file(tmp_path / f"r{i}.safetensors") for i in range(2)]
     assert replicas[0].keys() == replicas[1].keys() == expected.keys()
     assert any(w.abs().max() > 1e-4 for k, w in expected.items() if "lora_B" in k)  # training moved B
+    # one member wrote each round's adapter, the round in its metadata; the last one is the fleet's adapter
+    written = sorted(tmp_path.joinpath("fleet-checkpoints").glob("round-*/adapter_model.safetensors"),
+                     key=lambda path: int(path.parent.name.removeprefix("round-")))
+    assert [path.parent.name for path in written] == [f"round-{r}" for r, *_ in sorted(rounds_0)]
+    with safe_open(written[-1], "pt") as last:
+        assert last.metadata()["fleet_round"] == str(max(rounds_0)[0])
+        assert all(torch.equal(last.get_tensor(key), replicas[0][key]) for key in replicas[0])
     for key, weight in expected.items():
         assert torch.equal(replicas[0][key], replicas[1][key]), key  # one adapter in the fleet
         assert torch.allclose(replicas[0][key], weight, rtol=1e-4, atol=1e-7), key
