@@ -2,12 +2,20 @@
 replay's simulated clock and jobs (deterministic: units take fixed simulated time)."""
 
 import json
+from itertools import pairwise
 
 import pytest
 
 from base.errors import HarvestError
 from harvest.jobs import JobSet, JobSpec, JobStore
 from harvest.jobs.job_set import DeadlineError
+from harvest.jobs.job_simulation import (
+    JobArrival,
+    load_job_trace,
+    main,
+    simulate,
+    synthetic_job_trace,
+)
 from harvest.jobs.job_store import JobRecord
 from harvest.replay.simulated_job import SimClock, SimulatedJob
 
@@ -118,12 +126,16 @@ def test_least_slack_runs_first_then_the_other():
 
 def test_priority_then_fair_share_without_deadlines():
     clock = SimClock()
-    job_set = JobSet(clock)
-    job_set.submit(spec("low1"), sim_job(clock))
+    job_set = JobSet(clock, fair_share_quantum_ms=200.0)  # two 100 ms units a turn
+    job_set.submit(spec("low1", total_tokens=1e5), sim_job(clock))
     job_set.submit(spec("high", priority=1, total_tokens=300.0), sim_job(clock))
-    job_set.submit(spec("low2"), sim_job(clock))
-    ran = run(job_set, 7)
-    assert ran == ["high"] * 3 + ["low1", "low2", "low1", "low2"]
+    job_set.submit(spec("low2", total_tokens=1e5), sim_job(clock))
+    ran = run(job_set, 43)
+    assert ran[:4] == ["high"] * 3 + ["low1"]
+    low1, low2 = job_set.members["low1"].used_ms, job_set.members["low2"].used_ms
+    assert low1 + low2 == 4000.0 and abs(low1 - low2) <= 200.0 + 100.0
+    turns = sum(1 for a, b in pairwise(ran[3:]) if a != b)
+    assert 4 <= turns <= 40 // 2  # shares alternate, in turns of about a quantum, not every unit
 
 
 def test_deadline_the_measured_rate_cannot_meet_is_refused_with_numbers():
@@ -151,7 +163,7 @@ def test_a_new_deadline_that_breaks_an_admitted_one_is_refused():
 
 def test_pause_skips_the_job_and_resume_brings_it_back():
     clock = SimClock()
-    job_set = JobSet(clock)
+    job_set = JobSet(clock, fair_share_quantum_ms=0.0)
     job_set.submit(spec("a", priority=1), sim_job(clock))
     job_set.submit(spec("b"), sim_job(clock))
     assert run(job_set, 1) == ["a"]
@@ -204,3 +216,33 @@ def test_state_with_nothing_to_run():
     job_set.pause("a")
     job_set.poll()
     assert job_set.state.value == "paused" and not job_set.has_ready_work()
+
+
+# ---- simulation ----
+
+def test_scheduler_meets_a_deadline_fifo_misses_on_the_same_work():
+    """A long job without deadline arrives first, a short one with a tight deadline right after: FIFO makes
+    the short one wait, the scheduler runs it first; both train the same tokens."""
+    arrivals = [JobArrival(0.0, "long", 100_000.0), JobArrival(1.0, "short", 5000.0, deadline_s=20.0)]
+    slack, fifo, one = (simulate(arrivals, p, tokens_per_s=1000.0, restart_s=60.0, switch_s=2.0)
+                        for p in ("slack", "fifo", "one-at-a-time"))
+    assert (slack["num_deadlines_met"], fifo["num_deadlines_met"], one["num_deadlines_met"]) == (1, 0, 0)
+    assert slack["tokens_trained"] == fifo["tokens_trained"] == one["tokens_trained"] == 105_000
+    assert one["makespan_s"] > fifo["makespan_s"]  # the restart between jobs
+
+
+def test_synthetic_trace_round_trips_and_scheduler_is_no_worse(tmp_path, capsys):
+    assert main(["synthetic:12:0.9:4", "--tokens-per-s", "500", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    rows = {r["policy"]: r for r in result["rows"]}
+    assert rows["slack"]["num_deadlines_met"] >= rows["fifo"]["num_deadlines_met"]
+    assert load_job_trace(tmp_path / "job_trace.jsonl") == synthetic_job_trace(12, 500.0, 0.9, 4)
+
+
+def test_bad_job_trace_is_one_line_error(tmp_path, capsys):
+    trace = tmp_path / "jobs.jsonl"
+    trace.write_text('{"arrival_s": 0, "name": "a", "total_tokens": 10}\n{"arrival_s": 1, "size": 3}\n')
+    assert main([str(trace), "--tokens-per-s", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {trace}:2: not a job arrival") and err.count("\n") == 1
+    assert main([str(trace), "--tokens-per-s", "0"]) == 2

@@ -50,9 +50,22 @@ class Member:
 
 
 class JobSet:
-    def __init__(self, clock=time.time, prior_tokens_per_s: float | None = None) -> None:
+    POLICIES = ("slack", "fifo")
+
+    def __init__(self, clock=time.time, prior_tokens_per_s: float | None = None, policy: str = "slack",
+                 switch_margin_s: float = 30.0, fair_share_quantum_ms: float = 30_000.0) -> None:
         """`clock`: wall seconds (deadlines are wall times); `prior_tokens_per_s`: the harvest rate to judge
-        deadlines by until one is measured (the profile's; None: admit until measured)."""
+        deadlines by until one is measured (the profile's; None: admit until measured); `policy`: "slack"
+        (the scheduler) or "fifo" (submission order, the baseline the simulation compares against).
+        The active job keeps the device until another's slack is `switch_margin_s` smaller or, without
+        deadlines, it has used `fair_share_quantum_ms` more: least slack alone switches every unit once two
+        slacks meet (a waiting job's slack shrinks, the running one's does not), and each switch re-fetches
+        a window."""
+        if policy not in self.POLICIES:
+            raise HarvestError(f"policy: {policy!r} is not one of {', '.join(self.POLICIES)}")
+        self.policy = policy
+        self.switch_margin_s = switch_margin_s
+        self.fair_share_quantum_ms = fair_share_quantum_ms
         self.clock = clock
         self.prior_tokens_per_s = prior_tokens_per_s
         self.members: dict[str, Member] = {}
@@ -150,10 +163,17 @@ class JobSet:
         return member.spec.deadline_s - self.clock() - member.remaining_tokens / rate
 
     def rank_key(self, member: Member) -> tuple:
+        """Smallest runs next; the active job is ranked with its switch margins taken off (hysteresis)."""
+        if self.policy == "fifo":
+            return (member.spec.submitted_s, member.spec.name)
+        is_incumbent = member is self._active
         slack = self.slack_s(member)
         has_deadline = member.spec.deadline_s is not None
         order = slack if slack is not None else (member.spec.deadline_s if has_deadline else 0.0)
-        return (not has_deadline, order, -member.spec.priority, member.used_ms, member.spec.submitted_s)
+        if is_incumbent and has_deadline:
+            order -= self.switch_margin_s
+        used_ms = member.used_ms - (self.fair_share_quantum_ms if is_incumbent else 0.0)
+        return (not has_deadline, order, -member.spec.priority, used_ms, member.spec.submitted_s, not is_incumbent)
 
     def pick(self) -> Member | None:
         ready = [m for m in self.members.values()
