@@ -246,3 +246,58 @@ def test_bad_job_trace_is_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {trace}:2: not a job arrival") and err.count("\n") == 1
     assert main([str(trace), "--tokens-per-s", "0"]) == 2
+
+
+# ---- intake: the real job check (LlamaFactory's parse and job_validation) before anything is queued ----
+
+@pytest.fixture(scope="module")
+def tiny_yaml(tmp_path_factory):
+    from harvest.finetune.demo.tiny_job import write_tiny_job
+
+    return write_tiny_job(tmp_path_factory.mktemp("tiny")).read_text()
+
+
+@pytest.fixture
+def intake(tmp_path):
+    from harvest.finetune import FinetuneConfig
+    from harvest.jobs.job_intake import JobIntake
+
+    clock = SimClock()
+    clock.t_s = 1000.0
+    return JobIntake(JobSet(clock, prior_tokens_per_s=100.0), JobStore(tmp_path / "state"), FinetuneConfig(),
+                     lambda spec, config: sim_job(clock))
+
+
+def with_key(yaml_text, key, value):
+    import yaml
+
+    return yaml.safe_dump({**yaml.safe_load(yaml_text), key: value})
+
+
+@pytest.mark.parametrize("change, fields, message", [
+    (None, {"name": "Bad/Name"}, "^name: 'Bad/Name' must match"),
+    (("lora_rnk", 8), {}, "lora_rnk"),
+    (("lora_rank", "eight"), {}, "^lora_rank: 'eight' is not"),
+    (("model_name_or_path", "/no/such/model"), {}, "/no/such/model"),
+    (None, {"deadline_s": 999.0}, "^deadline_s: 999.0 is not after the submission time"),
+    (None, {"deadline_s": 1001.0}, r"^deadline_s: 2560 tokens at the measured 100.0 tokens/s"),
+    (None, {"yaml_text": "a: [1\n"}, "^yaml: not valid YAML"),
+    (None, {"yaml_text": "x: 1\n" * 20000}, "^yaml: .* bytes, more than"),
+])
+def test_bad_submission_names_the_problem_and_queues_nothing(intake, tiny_yaml, change, fields, message):
+    intake.submit("good", tiny_yaml)
+    text = with_key(tiny_yaml, *change) if change else tiny_yaml
+    with pytest.raises(HarvestError, match=message):
+        intake.submit(**{"name": "second", "yaml_text": text, **fields})
+    assert list(intake.job_set.members) == ["good"]
+    assert [r.spec.name for r in intake.store.load()] == ["good"]
+    assert sorted(p.name for p in intake.store.state_dir.glob("*.yaml")) == ["good.yaml"]
+
+
+def test_submission_is_sized_stored_and_queued(intake, tiny_yaml):
+    record = intake.submit("good", tiny_yaml, priority=3, deadline_s=1100.0, publish_name="good-v")
+    assert record.spec.total_tokens == 5 * 4 * 2 * 64  # max_steps x batch x accumulation x cutoff_len
+    assert JobStore(intake.store.state_dir).get("good") == record
+    assert intake.job_set.members["good"].spec == record.spec
+    with pytest.raises(HarvestError, match="^name: a job named 'good' already exists"):
+        intake.submit("good", tiny_yaml)

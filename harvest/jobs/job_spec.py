@@ -70,12 +70,12 @@ class JobSpec:
         return raw
 
 
-def check_spec(spec: JobSpec, yaml_path, config, model_path: str | None = None) -> None:
+def check_spec(spec: JobSpec, yaml_path, config, model_path: str | None = None):
     """The job check `harvest finetune` and `--finetune` run (job_validation.check_job), on the spec's YAML
-    written to `yaml_path`; raises HarvestError naming the key."""
+    written to `yaml_path`; returns the parsed job (LlamaFactoryArgs), raises HarvestError naming the key."""
     from harvest.finetune.job_validation import check_job, check_values
 
     raw = spec.parsed_yaml()
     check_values(raw)
     yaml_path.write_text(spec.yaml_text)
-    check_job(yaml_path, config, model_path=model_path)
+    return check_job(yaml_path, config, model_path=model_path)
