@@ -301,3 +301,29 @@ def test_submission_is_sized_stored_and_queued(intake, tiny_yaml):
     assert intake.job_set.members["good"].spec == record.spec
     with pytest.raises(HarvestError, match="^name: a job named 'good' already exists"):
         intake.submit("good", tiny_yaml)
+
+
+def test_restart_resumes_the_set_in_its_states(intake, tiny_yaml):
+    """Three jobs (one running, one queued, one paused) and one cancelled, persisted; a fresh intake on the
+    same state dir (a restarted worker) holds the three in the same states, the cancelled one not at all."""
+    from harvest.jobs.job_intake import JobIntake
+
+    for name, priority in (("run", 2), ("queue", 1), ("pause", 0), ("gone", 0)):
+        intake.submit(name, tiny_yaml, priority=priority)
+    intake.job_set.pause("pause")
+    intake.job_set.cancel("gone")
+    run(intake.job_set, 3)
+    intake.persist()
+    states = {n: intake.job_set.job_state(m) for n, m in intake.job_set.members.items()}
+    assert states == {"run": "running", "queue": "queued", "pause": "paused", "gone": "cancelled"}
+
+    clock = SimClock()
+    configs = []
+    again = JobIntake(JobSet(clock), JobStore(intake.store.state_dir), intake.config,
+                      lambda spec, config: configs.append(config) or sim_job(clock))
+    assert sorted(m.spec.name for m in again.restore()) == ["pause", "queue", "run"]
+    assert again.job_set.members["run"].num_trained_tokens == 300.0
+    assert all(c.yaml_path.endswith(".yaml") and not c.resume for c in configs)  # no checkpoint written yet
+    run(again.job_set, 1)
+    assert {n: again.job_set.job_state(m) for n, m in again.job_set.members.items()} == {
+        "run": "running", "queue": "queued", "pause": "paused"}

@@ -6,10 +6,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from base.errors import HarvestError
+from harvest.finetune.checkpoint_store import CheckpointStore
 from harvest.finetune.finetune_config import FinetuneConfig
-from harvest.jobs.job_set import JobSet
+from harvest.jobs.job_set import JobSet, Member
 from harvest.jobs.job_spec import NAME_PATTERN, JobSpec, check_spec
 from harvest.jobs.job_store import JobRecord, JobStore
+
+ENDED_STATES = ("finished", "cancelled", "failed")
 
 
 def job_tokens(llamafactory) -> float:
@@ -55,3 +58,30 @@ class JobIntake:
         config = replace(self.config, yaml_path=str(yaml_path))
         self.job_set.submit(spec, self.job_factory(spec, config))
         return record
+
+    def persist(self) -> None:
+        """Write each live job's state and tokens (the runtime calls it after a checkpoint or a state change):
+        what a restart resumes from."""
+        for name, member in self.job_set.members.items():
+            record = self.store.get(name)
+            state = self.job_set.job_state(member)
+            error = getattr(member.job, "error", None)
+            if (record.state, record.num_trained_tokens, record.error) != (state, member.num_trained_tokens, error):
+                self.store.update(name, state=state, num_trained_tokens=member.num_trained_tokens, error=error)
+
+    def restore(self) -> list[Member]:
+        """A restarted worker's set: every stored job not ended, in its stored state (paused stays paused,
+        running and queued are queued until the scheduler picks), resumed from its latest checkpoint."""
+        restored = []
+        for record in self.store.load():
+            if record.state in ENDED_STATES or record.spec.name in self.job_set.members:
+                continue
+            has_checkpoint = record.checkpoint_dir is not None and CheckpointStore(record.checkpoint_dir).latest()
+            config = replace(self.config, yaml_path=str(self.yaml_path(record.spec.name)),
+                             resume=bool(has_checkpoint))
+            member = Member(record.spec, self.job_factory(record.spec, config),
+                            num_trained_tokens=record.num_trained_tokens, is_paused=record.state == "paused")
+            if member.is_paused and hasattr(member.job, "pause"):
+                member.job.pause()
+            restored.append(self.job_set.add(member))
+        return restored

@@ -83,8 +83,11 @@ class JobSet:
             raise HarvestError(f"name: a job named {spec.name!r} already exists")
         if spec.deadline_s is not None and not spec.is_best_effort:
             self.check_deadlines(spec)
-        member = Member(spec, job)
-        self.members[spec.name] = member
+        return self.add(Member(spec, job))
+
+    def add(self, member: Member) -> Member:
+        """Hold a member as it is (a restart's restored job: admitted before, not judged again)."""
+        self.members[member.spec.name] = member
         return member
 
     def check_deadlines(self, spec: JobSpec) -> None:
