@@ -9,7 +9,7 @@ import pytest
 from base.errors import HarvestError
 from harvest.jobs import JobSet, JobSpec, JobStore
 from harvest.jobs.job_set import DeadlineError
-from harvest.jobs.job_simulation import (
+from harvest.replay.job_simulation import (
     JobArrival,
     load_job_trace,
     main,

@@ -3,7 +3,7 @@ the scheduler (least slack) against FIFO and one-at-a-time (today's `--finetune`
 worker restart between jobs). The harvest is a constant rate here (the rate `harvest replay --simulate`
 measures for a request trace); decode is not simulated, so steps in target are not reported by this module.
 
-    python -m harvest.jobs.job_simulation TRACE.jsonl --tokens-per-s R --out DIR
+    python -m harvest.replay.job_simulation TRACE.jsonl --tokens-per-s R --out DIR
 """
 
 import argparse
@@ -121,7 +121,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harvest.jobs.job_simulation", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harvest.replay.job_simulation", description=__doc__.split("\n")[0])
     parser.add_argument("trace", help="job-arrival trace (JSONL); 'synthetic:N:LOAD:SEED' generates one")
     parser.add_argument("--tokens-per-s", type=float, required=True, help="the measured harvest rate")
     parser.add_argument("--restart-s", type=float, default=60.0, help="one-at-a-time's worker restart")
