@@ -41,6 +41,10 @@ class AdminConfig:
             )
 
 
+DEFAULT_GRAPH_SETS = 4
+"""Decode partitions given a CUDA graph set of their own on a worker with a profile (--partition-graph-sets)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     admin: AdminConfig
@@ -58,9 +62,12 @@ class ServeConfig:
     """Mapping granularity of the KV pool (`--kv-block-kib`): 2 MiB on CUDA; host pages allow smaller."""
     pinned_partition: tuple[int, int] | None = None
     """Spatial co-location on this one (infer, ft) partition every step, no planner (`--pin-partition`)."""
-    partition_graph_sets: int = 4
+    partition_graph_sets: int | None = None
     """Decode partitions that get a CUDA graph set of their own besides the whole device's
-    (`--partition-graph-sets`): each set costs capture time and graph memory; the planner picks only these."""
+    (`--partition-graph-sets`): each set costs capture time and graph memory; the planner picks only these.
+    None: DEFAULT_GRAPH_SETS with a profile; without one only the pinned partition's. Given without a profile
+    (`harvest profile --co-run`), that many partitions get one, so a partition pinned later through the admin
+    API replays graphs as a served step does, not eager kernels."""
     partition_graph_max_bs: int | None = None
     """Largest batch captured on a partition's graph set (`--partition-graph-max-bs`); a larger batch on a
     partition decodes eagerly on its stream. None: the largest the planner co-runs at (every size without a
@@ -87,7 +94,7 @@ class ServeConfig:
             if infer < 1 or ft < 0:
                 raise HarvestError(f"--pin-partition needs INFER >= 1 and FT >= 0, got {infer},{ft}")
         self._check_colocation()
-        if self.partition_graph_sets < 0:
+        if self.partition_graph_sets is not None and self.partition_graph_sets < 0:
             raise HarvestError(f"--partition-graph-sets must be >= 0, got {self.partition_graph_sets}")
         if self.partition_graph_max_bs is not None and self.partition_graph_max_bs < 1:
             raise HarvestError(f"--partition-graph-max-bs must be >= 1, got {self.partition_graph_max_bs}")

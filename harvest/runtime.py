@@ -12,7 +12,7 @@ import time
 
 from base.errors import HarvestError
 from harvest.admin.metrics import HarvestMetrics
-from harvest.config import Colocation, ServeConfig, colocation_mode
+from harvest.config import DEFAULT_GRAPH_SETS, Colocation, ServeConfig, colocation_mode
 from harvest.step_stats import DecodeStep, StepStats
 
 PREEMPTION_BOUND_SHARE = 0.25
@@ -88,11 +88,11 @@ class HarvestRuntime:
         largest batch their sets hold, None: every one of capture_bs, SGLang's). With a profile: those the
         planner co-runs on most over capture_bs and three KV lengths, then the rest it may pick, up to the
         largest batch it co-runs at on the first --partition-graph-sets of them (or --partition-graph-max-bs).
-        A worker pinned without a profile (profiling): none, so a partition pinned later through the admin
-        API decodes eagerly."""
+        A worker pinned without a profile: none besides the pinned one, unless --partition-graph-sets names
+        how many (profiling: every partition it will pin through the admin API, so its visits replay graphs)."""
         config = self.config
         if self.profile is None:
-            return [], config.partition_graph_max_bs
+            return (partitions.pairs if config.partition_graph_sets else []), config.partition_graph_max_bs
         from collections import defaultdict
 
         from predictor import SplitPlanner
@@ -107,8 +107,14 @@ class HarvestRuntime:
         pairs = sorted(partitions.pairs, key=lambda pair: -len(co_run_bs[pair[0]]))
         if config.partition_graph_max_bs is not None:
             return pairs, config.partition_graph_max_bs
-        chosen = list(dict.fromkeys(i for i, _ in pairs))[:config.partition_graph_sets]
+        chosen = list(dict.fromkeys(i for i, _ in pairs))[:self.graph_sets]
         return pairs, max((bs for i in chosen for bs in co_run_bs[i]), default=min(capture_bs))
+
+    @property
+    def graph_sets(self) -> int:
+        """How many decode partitions may get a graph set (--partition-graph-sets, else DEFAULT_GRAPH_SETS)."""
+        sets = self.config.partition_graph_sets
+        return DEFAULT_GRAPH_SETS if sets is None else sets
 
     def planner_pairs(self, partitions) -> list[tuple[int, int]]:
         """The partitions the planner may pick: formed on the device and, where decode replays graphs per

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harvest.bundle.bundle_builder import PART_BYTES
+from harvest.bundle.bundle_builder import PART_BYTES, PAYLOAD_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_first_light.sh"
@@ -30,9 +30,9 @@ def fake_bundle(folder: Path, part_bytes: int, num_missing_parts: int = 0) -> Pa
     num_missing_parts more that are not there."""
     folder.mkdir()
     (folder / "install_bundle.py").write_text("")
-    with open(folder / "harvest-bundle.tar.part000", "wb") as part:
+    with open(folder / f"{PAYLOAD_NAME}.part000", "wb") as part:
         part.truncate(part_bytes)
-    parts = [{"name": f"harvest-bundle.tar.part{i:03d}", "bytes": part_bytes} for i in range(1 + num_missing_parts)]
+    parts = [{"name": f"{PAYLOAD_NAME}.part{i:03d}", "bytes": part_bytes} for i in range(1 + num_missing_parts)]
     (folder / "manifest.json").write_text(json.dumps({"parts": parts}))
     return folder
 

@@ -180,6 +180,20 @@ def test_under_deploy(model, job, mode, tmp_path, monkeypatch):
     assert_no_problems(prefill_args, "mooncake")
 
 
+def test_a_host_without_xgrammar_gets_no_grammar_backend(model, monkeypatch):
+    """The GPU bundle leaves xgrammar out; SGLang's default grammar backend imports it at scheduler start, so
+    where it is missing harvest asks for none, and SGLang's own resolution keeps it."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    server_args, _ = serve_on_h100(["--model-path", model, *_ports()], monkeypatch)
+    assert server_args.grammar_backend == "xgrammar"  # installed here: SGLang's default stays
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xgrammar" else find_spec(name, *a))
+    server_args, _ = serve_on_h100(["--model-path", model, *_ports()], monkeypatch)
+    assert server_args.grammar_backend == "none"
+    assert_no_problems(server_args, "fake")
+
+
 def test_deploy_needs_mooncake_installed(model, tmp_path, monkeypatch):
     """Pins that `harvest deploy` names a missing mooncake in one line before starting anything (the GPU bundle
     carries none), forced by hiding the module."""

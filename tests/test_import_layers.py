@@ -14,6 +14,7 @@ LAYERS = [
     ["harvest.finetune"],
     ["harvest.config"],
     ["harvest.colocation", "harvest.admin"],
+    ["harvest.jobs"],
     ["harvest.runtime"],
     ["harvest.worker"],
     ["harvest.sglang"],

@@ -224,3 +224,27 @@ def test_bad_graph_set_flags_are_one_line_errors(field, value, message):
 
     with pytest.raises(HarvestError, match=message):
         ServeConfig(admin=AdminConfig(), **{field: value})
+
+
+def test_a_profiling_worker_gives_every_partition_it_pins_a_graph_set():
+    """`harvest profile --co-run` pins partitions through the admin API: its worker is told to capture a graph set
+    on every decode partition of the grid, up to the largest batch measured, so a visit replays graphs as a
+    served step does; a worker pinned without that flag captures only the pinned partition's set."""
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.profiler.live_profile import LiveProfileConfig, _co_run_flags
+    from harvest.runtime import HarvestRuntime
+    from predictor.partition_grid import PartitionGrid
+
+    grid = PartitionGrid.from_name("h100")
+    flags = _co_run_flags(LiveProfileConfig(out="p.json", finetune="job.yaml", co_run=True, max_batch_size=6), grid)
+    num_sets = int(flags[flags.index("--partition-graph-sets") + 1])
+    assert num_sets == len({infer for infer, _ in grid.pairs()}) > 1
+    assert flags[flags.index("--partition-graph-max-bs") + 1] == "6"
+    partitions = SimpleNamespace(pairs=list(grid.pairs()))
+    job = {"admin": AdminConfig(), "finetune": FinetuneConfig("cuda", yaml_path="job.yaml"), "tpot_slo_ms": 1.0}
+    profiling = HarvestRuntime(ServeConfig(**job, pinned_partition=(grid.num_sms, 0), partition_graph_sets=num_sets,
+                                           partition_graph_max_bs=6))
+    assert profiling.graph_plan(partitions, CAPTURE_BS) == (partitions.pairs, 6)
+    pinned = HarvestRuntime(ServeConfig(**job, pinned_partition=(64, 56)))
+    assert pinned.graph_plan(partitions, CAPTURE_BS) == ([], None) and pinned.graph_sets == 4

@@ -1,5 +1,5 @@
 """Build the offline bundle: the wheels the target image lacks, repacked where needed, the harvest wheel and
-the native sources and libraries, in one tar split into parts of at most PART_BYTES, with a manifest.
+the native sources and libraries, in one xz-compressed tar split into parts of at most PART_BYTES, with a manifest.
 
 What travels is decided by runtime_imports.json (what a worker and a finetune run import), not by sglang's
 declared requirements; the target image's own packages stay unless a pinned requirement excludes them.
@@ -35,7 +35,10 @@ from harvest.sglang.version import PINNED_STACK
 
 # A part and the checkout's tracked files (~9 MiB) fit one 64 MiB device call, with room for the tree to grow.
 PART_BYTES = 48 * 2**20
-PAYLOAD_NAME = "harvest-bundle.tar"
+PAYLOAD_NAME = "harvest-bundle.tar.xz"
+XZ_PRESET = 9
+"""The payload is one xz stream over wheels stored uncompressed: xz over the files of all wheels at once (a 64
+MiB dictionary) carries the bundle in one part where the wheels' own per-file deflate needed two."""
 MANIFEST_NAME = "manifest.json"
 INSTALLER_NAME = "install_bundle.py"
 
@@ -50,7 +53,7 @@ LEFT_OUT = {
     "xgrammar": "structured output: sglang imports it for its grammar backend, which a worker started with "
                 "--skip-tokenizer-init or --grammar-backend none never builds; 43 MB",
 }
-"""Imported in the recorded runs but optional; left out so two transfers carry the bundle (--extra adds one back)."""
+"""Imported in the recorded runs but optional; left out so one device call carries the bundle (--extra adds one back)."""
 PURE_SGLANG_TAG = "py3-none-any"
 SGLANG_PYTHON, SGLANG_GLIBC_MINOR = "3.11", 34
 """sglang 0.5.12 publishes one wheel, cp311-cp311-manylinux_2_34_x86_64."""
@@ -105,6 +108,8 @@ def build_bundle(spec: BundleSpec) -> dict:
         downloaded = _download(spec, carried, recorded, wheels_dir)
         _repack_special(spec, wheels_dir)
         _build_harvest_wheel(wheels_dir)
+        for wheel in wheels_dir.glob("*.whl"):
+            _store_uncompressed(wheel)
         wheels = _describe_wheels(wheels_dir, carried)
         payload = Path(tmp) / PAYLOAD_NAME
         _write_payload(payload, wheels_dir, spec.native_dir)
@@ -250,9 +255,21 @@ def _describe_wheels(wheels_dir: Path, carried: dict) -> list[dict]:
     return described
 
 
+def _store_uncompressed(wheel: Path) -> None:
+    """Rewrite the wheel with its files stored, not deflated (same names, order and bytes: its RECORD holds), so
+    the payload's xz sees them whole. pip installs a stored wheel as any other."""
+    stored = wheel.with_suffix(".stored")
+    with zipfile.ZipFile(wheel) as zin, zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            info.compress_type = zipfile.ZIP_STORED
+            zout.writestr(info, data)
+    stored.replace(wheel)
+
+
 def _write_payload(payload: Path, wheels_dir: Path, native_dir: Path) -> None:
     csrc = REPO_ROOT / "csrc"
-    with tarfile.open(payload, "w") as tar:
+    with tarfile.open(payload, "w:xz", preset=XZ_PRESET) as tar:
         tar.add(wheels_dir, arcname="wheels")
         tar.add(csrc, arcname="native/csrc", filter=_no_objects)
         if native_dir.is_dir():

@@ -115,7 +115,7 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
         ["--model-path", str(model_path), "--max-running-requests", str(config.max_batch_size),
          # PD decode reserves room to grow each running request (num_reserved_decode_tokens, 512) on top.
          "--max-total-tokens", str(max_kv_tokens + 512 * config.max_batch_size + 1024), "--dtype", config.dtype,
-         *WORKER_FLAGS, *_co_run_flags(config, grid.num_sms)],
+         *WORKER_FLAGS, *_co_run_flags(config, grid)],
         config.port, config.admin_port, log_dir / "worker.log",
     )
     started = time.perf_counter()
@@ -238,16 +238,20 @@ CO_RUN_UNIT_MS = 20.0
 """Unit bound of a co-run profile when --finetune-max-unit-ms is not given: the co-run rate depends on it."""
 
 
-def _co_run_flags(config: LiveProfileConfig, num_units: int) -> list[str]:
+def _co_run_flags(config: LiveProfileConfig, grid) -> list[str]:
     """A spatial worker pinned per visit (DecodeProfiler._pin), starting on the whole device; without a
     profile it forms every partition its device forms (runtime._spatial_partitions). A 1 ms target leaves no
     temporal slice, so only co-run units run beside the measured steps; no KV lending, so the pool is the
-    solo one's."""
+    solo one's. On a GPU every decode partition of the grid gets a graph set up to the largest batch measured,
+    so a visit replays graphs as a served step does (a CPU worker has no graphs and ignores both flags)."""
     if not config.co_run:
         return []
     unit_ms = config.finetune_max_unit_ms or CO_RUN_UNIT_MS
-    return ["--finetune", str(config.finetune), "--tpot-slo-ms", "1", "--pin-partition", f"{num_units},0",
-            "--no-kv-lending", "--finetune-max-unit-ms", str(unit_ms)]
+    num_decode_partitions = len({infer for infer, _ in grid.pairs()})
+    return ["--finetune", str(config.finetune), "--tpot-slo-ms", "1", "--pin-partition", f"{grid.num_sms},0",
+            "--no-kv-lending", "--finetune-max-unit-ms", str(unit_ms),
+            "--partition-graph-sets", str(num_decode_partitions), "--partition-graph-max-bs",
+            str(config.max_batch_size)]
 
 
 def _wait_for_job(admin_url: str, timeout_s: float = 600.0) -> None:

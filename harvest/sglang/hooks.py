@@ -102,7 +102,7 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
             # capture_bs: SGLang's batch sizes, set before maybe_init_pdmux (cuda_graph_runner.py:655-672).
             pairs, max_bs = runtime.graph_plan(partitions, graph_runner.capture_bs)
             groups = StreamGroups(partitions, pairs, runtime.config.pinned_partition,
-                                  runtime.config.partition_graph_sets, max_bs,
+                                  runtime.graph_sets, max_bs,
                                   lambda: torch.cuda.mem_get_info(gpu_id)[0])
             groups.install(gpu_id)
             model_runner.decode_attn_backend_group = [model_runner._get_attention_backend()

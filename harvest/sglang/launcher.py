@@ -6,6 +6,7 @@ unchanged, after harvest fills in what a decode worker on this host needs and th
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import logging
 import os
@@ -48,9 +49,19 @@ LONE_WORKER_FLAGS = {
 }
 
 
+NO_XGRAMMAR_FLAGS = {
+    # SGLang builds its grammar backend when its scheduler starts, whenever it has a tokenizer
+    # (srt/constrained/grammar_manager.py:30), and the default is xgrammar (srt/server_args.py:2971), which the
+    # GPU bundle leaves out (bundle_builder.LEFT_OUT): the scheduler would die importing it. "none" serves
+    # everything but structured output (JSON schema, regex, EBNF).
+    "--grammar-backend": ["none"],
+}
+
+
 def host_flags(is_cpu_host: bool) -> dict[str, list[str]]:
     """SGLang flags every worker on this host needs, harvest's or a plain prefill worker."""
-    return CPU_FLAGS if is_cpu_host else GPU_FLAGS
+    installed = {} if importlib.util.find_spec("xgrammar") is not None else NO_XGRAMMAR_FLAGS
+    return {**(CPU_FLAGS if is_cpu_host else GPU_FLAGS), **installed}
 
 
 def worker_flags(is_cpu_host: bool, has_job: bool) -> dict[str, list[str]]:

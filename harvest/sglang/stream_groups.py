@@ -22,13 +22,14 @@ partition beside it.
 
 import time
 
+from harvest.config import DEFAULT_GRAPH_SETS
+
 SGLANG_GROUP = 0
-DEFAULT_MAX_SETS = 4
 
 
 class StreamGroups:
     def __init__(self, partitions, pairs: list[tuple[int, int]], pinned: tuple[int, int] | None = None,
-                 max_sets: int = DEFAULT_MAX_SETS, max_bs: int | None = None, free_bytes=None):
+                 max_sets: int = DEFAULT_GRAPH_SETS, max_bs: int | None = None, free_bytes=None):
         """`partitions`: GreenPartitions; `pairs`: the (infer_sms, ft_sms) partitions decode may run on, most
         wanted first; the first `max_sets` distinct decode partitions get a graph set, the `pinned` one before
         all. `max_bs`: the largest batch captured on them (None: every size), but on the pinned one, where
