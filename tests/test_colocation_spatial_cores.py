@@ -13,6 +13,7 @@ from base.errors import HarvestError
 from harvest.colocation.core_partitions import CorePartitions
 from harvest.colocation.finetune_job import FinetuneState
 from harvest.colocation.spatial_controller import SpatialController
+from harvest.profiler.live_profile import co_run_rates_by_ft
 from harvest.replay.simulated_job import SimulatedUnit
 from harvest.step_stats import DecodeStep, SloTracker
 
@@ -85,6 +86,8 @@ def test_units_run_on_the_finetune_cores_across_steps_and_decode_on_its_own():
     assert stats["co_run"]["1,1"]["tokens"] == 10 * len(co_run)
     assert stats["co_run"]["1,1"]["grants"] == 1, "the partition was handed back and forth between steps"
     assert stats["granted"] is None, "close() left the partition granted"
+    # What `harvest profile --co-run` reads from these stats: the partition's rate.
+    assert co_run_rates_by_ft(stats["co_run"])[1] > 0
     assert sorted(os.sched_getaffinity(0)) == CORES, "the scheduler thread's cores were not restored"
 
 

@@ -60,9 +60,9 @@ def test_the_finetune_context_pins_the_calling_thread_to_the_last_cores():
 
 
 def test_co_run_rates_pool_partitions_with_the_same_finetune_side():
-    stats = {"64,56": {"tokens": 300, "ms": 1000.0}, "32,56": {"tokens": 100, "ms": 1000.0},
-             "64,8": {"tokens": 50, "ms": 500.0}, "16,8": {"tokens": 0, "ms": 400.0},
-             "8,120": {"tokens": 0, "ms": 0.0}}
+    stats = {"64,56": {"tokens": 300, "ms_granted": 1000.0}, "32,56": {"tokens": 100, "ms_granted": 1000.0},
+             "64,8": {"tokens": 50, "ms_granted": 500.0}, "16,8": {"tokens": 0, "ms_granted": 400.0},
+             "8,120": {"tokens": 0, "ms_granted": 0.0}}
     assert co_run_rates_by_ft(stats) == {8: 100.0, 56: 200.0}
 
 

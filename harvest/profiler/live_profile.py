@@ -271,15 +271,16 @@ def _wait_for_job(admin_url: str, timeout_s: float = 600.0) -> None:
 
 def co_run_rates_by_ft(co_run_stats: dict) -> dict[int, float]:
     """Co-run finetune tokens/s per finetune partition size, from the worker's per-partition totals
-    (SpatialController.stats()["co_run"]: "infer,ft" -> tokens, ms). A profile keeps one rate per ft_sms
+    (SpatialController.stats()["co_run"]: "infer,ft" -> tokens, ms_granted: the time the job held the
+    partition, running units back to back). A profile keeps one rate per ft_sms
     (FinetuneThroughput), so partitions with the same finetune side and different decode sides pool their
     tokens and time; a partition that trained nothing (the job was paused there: solo visits) adds none."""
     totals: dict[int, list[float]] = {}
     for key, row in co_run_stats.items():
-        if row["tokens"] and row["ms"]:
+        if row["tokens"] and row["ms_granted"]:
             total = totals.setdefault(int(key.split(",")[1]), [0.0, 0.0])
             total[0] += row["tokens"]
-            total[1] += row["ms"]
+            total[1] += row["ms_granted"]
     return {ft: tokens / ms * 1e3 for ft, (tokens, ms) in sorted(totals.items())}
 
 
