@@ -108,3 +108,26 @@ def pytest_sessionfinish(session):
 
     if CASES_DIR.exists() and any(CASES_DIR.glob("*.json")):
         merge()
+
+
+def run_fleet(target, replicas: list[tuple], timeout_s: float) -> dict:
+    """Each replica a spawned process running `target(lighthouse_address, *args, queue)` against one torchft
+    lighthouse (min_replicas: all of them); returns {first item of each report: the rest}, one report a process."""
+    import multiprocessing
+
+    from torchft._torchft import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=len(replicas))
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    processes = [context.Process(target=target, args=(lighthouse.address(), *args, queue)) for args in replicas]
+    for process in processes:
+        process.start()
+    try:
+        return {key: rest for key, *rest in (queue.get(timeout=timeout_s) for _ in processes)}
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+        lighthouse.shutdown()

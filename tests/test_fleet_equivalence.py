@@ -8,7 +8,6 @@ update on the union's mean loss. Tolerance: float32 sums in another order, rtol 
 """
 
 import json
-import multiprocessing
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -19,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from conftest import run_fleet
 from harvest.finetune import FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.finetune.publishing import adapter_tensors
@@ -42,7 +42,7 @@ def write_dataset(directory, rows) -> dict:
     return {"dataset": "fleet_rows", "dataset_dir": str(directory)}
 
 
-def train_replica(job_path, lighthouse: str, replica_id: str, out_path: str, checkpoint_dir: str, queue) -> None:
+def train_replica(lighthouse: str, job_path, replica_id: str, out_path: str, checkpoint_dir: str, queue) -> None:
     from harvest.fleet import RoundPolicy
     from harvest.fleet.replica import run_replica
 
@@ -54,30 +54,14 @@ def train_replica(job_path, lighthouse: str, replica_id: str, out_path: str, che
 
 
 def test_two_replicas_with_a_round_each_step_equal_one_worker_on_the_union(tmp_path):
-    from torchft._torchft import LighthouseServer
-
     jobs = [write_tiny_job(tmp_path, **JOB, per_device_train_batch_size=1, output_dir=str(tmp_path / f"out-r{i}"),
                            **write_dataset(tmp_path / f"shard-{i}", rows)) for i, rows in enumerate(SHARDS)]
     union = write_tiny_job(tmp_path, **JOB, per_device_train_batch_size=2, output_dir=str(tmp_path / "out-union"),
                            **write_dataset(tmp_path / "union", SHARDS[0] + SHARDS[1]))
 
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    processes = [context.Process(target=train_replica, args=(str(job), lighthouse.address(), f"r{i}",
-                                                             str(tmp_path / f"r{i}.safetensors"),
-                                                             str(tmp_path / "fleet-checkpoints"), queue))
-                 for i, job in enumerate(jobs)]
-    for process in processes:
-        process.start()
-    try:
-        reports = {replica_id: rest for replica_id, *rest in (queue.get(timeout=240) for _ in processes)}
-    finally:
-        for process in processes:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-        lighthouse.shutdown()
+    reports = run_fleet(train_replica, [(str(job), f"r{i}", str(tmp_path / f"r{i}.safetensors"),
+                                         str(tmp_path / "fleet-checkpoints")) for i, job in enumerate(jobs)],
+                        timeout_s=240)
 
     (tokens_0, rounds_0), (tokens_1, rounds_1) = reports["r0"], reports["r1"]
     assert tokens_0 == tokens_1 > 0  # equal shards: the weights are equal, the mean is plain

@@ -2,11 +2,10 @@
 the fleet's adapter moves by the members' deltas weighted by the tokens each trained, and a member that
 trained nothing does not pull the others back."""
 
-import multiprocessing
-
 import pytest
 import torch
 
+from conftest import run_fleet
 from harvest.fleet import RoundPolicy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -32,25 +31,8 @@ def replica_round(lighthouse: str, replica_id: str, num_members: int, delta: lis
 
 
 def run_round(deltas: list[list[float]], tokens: list[int]) -> dict:
-    from torchft._torchft import LighthouseServer
-
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=len(deltas))
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    processes = [context.Process(target=replica_round,
-                                 args=(lighthouse.address(), f"r{i}", len(deltas), delta, n, queue))
-                 for i, (delta, n) in enumerate(zip(deltas, tokens))]
-    for process in processes:
-        process.start()
-    try:
-        results = {replica_id: rest for replica_id, *rest in (queue.get(timeout=90) for _ in processes)}
-    finally:
-        for process in processes:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-        lighthouse.shutdown()
-    return results
+    replicas = [(f"r{i}", len(deltas), delta, n) for i, (delta, n) in enumerate(zip(deltas, tokens))]
+    return run_fleet(replica_round, replicas, timeout_s=90)
 
 
 def test_unequal_tokens_give_the_weighted_mean_and_an_idle_member_adds_nothing():

@@ -49,21 +49,21 @@ class CorePartitions:
         return self.cores[infer_cores:infer_cores + ft_cores]
 
     def decode_context(self, infer_cores: int, ft_cores: int):
-        return _on_cores(self.decode_cores(infer_cores))
+        return on_cores(self.decode_cores(infer_cores))
 
     def decode_stream(self, infer_cores: int, ft_cores: int):
         """A CPU host has no streams: decode runs on the scheduler thread, moved by decode_context."""
         return None
 
     def finetune_context(self, infer_cores: int, ft_cores: int):
-        return _on_cores(self.finetune_cores(infer_cores, ft_cores))
+        return on_cores(self.finetune_cores(infer_cores, ft_cores))
 
     def whole_device_context(self):
-        return _on_cores(self.cores)
+        return on_cores(self.cores)
 
 
 @contextlib.contextmanager
-def _on_cores(cores: list[int]):
+def on_cores(cores: list[int]):
     """Run the calling thread (and the torch ops it launches) on `cores`; restore its cores after."""
     import torch
 

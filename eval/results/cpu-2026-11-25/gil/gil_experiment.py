@@ -6,11 +6,10 @@ loop of small one-thread matmuls with Python between them ("torch"). Phases alte
     python eval/results/cpu-2026-11-25/gil/gil_experiment.py > eval/results/cpu-2026-11-25/gil/gil_experiment.json
     SWITCH_INTERVAL_S=0.0005 python ... > gil_experiment_switch_0.5ms.json   # Python's GIL hand-over interval
 
-Ran 2026-11-25 01:08-01:13 UTC at 981cf07. Since 2026-11-26 it pins threads itself (`on_cores`, what the
-worker's core partitions do) instead of importing that private helper from harvest; the measurement is the same.
+Ran 2026-11-25 01:08-01:13 UTC at 981cf07. Since 2026-11-26 it pins threads with the worker's own public
+`harvest.colocation.core_partitions.on_cores` (it imported the private helper before); the measurement is the same.
 """
 
-import contextlib
 import json
 import os
 import sys
@@ -19,6 +18,7 @@ import time
 
 import torch
 
+from harvest.colocation.core_partitions import on_cores
 from harvest.finetune import FinetuneEngine
 
 DEMO = "harvest/finetune/demo/demo.yaml"
@@ -39,20 +39,6 @@ def torch_loop(stop):
 
 
 LOADS = {"alone": None, "python": python_loop, "torch": torch_loop}
-
-
-@contextlib.contextmanager
-def on_cores(cores: list[int]):
-    """The calling thread, and the torch ops it launches, on `cores`; its cores and threads restored after."""
-    tid = threading.get_native_id()
-    before_cores, before_threads = os.sched_getaffinity(tid), torch.get_num_threads()
-    os.sched_setaffinity(tid, cores)
-    torch.set_num_threads(len(cores))
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(tid, before_cores)
-        torch.set_num_threads(before_threads)
 
 
 def phase(engine, load) -> dict:
