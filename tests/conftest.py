@@ -4,6 +4,7 @@ import sys
 import pytest
 from hypothesis import settings
 
+from harvest.colocation.finetune_job import FinetuneState
 from harvest.worker.process import free_ports
 
 # Test processes share the harvest conventions of the CLI edge: no hub access, SGLang's CPU engine on CPU hosts.
@@ -131,3 +132,20 @@ def run_fleet(target, replicas: list[tuple], timeout_s: float) -> dict:
             if process.is_alive():
                 process.kill()
         lighthouse.shutdown()
+
+
+class AlwaysReadyJob:
+    """FinetuneJob's scheduler-side interface with one unit kind always ready; a test's job adds its units and
+    what it records about them."""
+
+    state = FinetuneState.RUNNING
+    is_active = True
+
+    def has_ready_work(self):
+        return True
+
+    def next_unit_kind(self):
+        return "unit"
+
+    def note_no_room(self):
+        pass

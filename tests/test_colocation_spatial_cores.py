@@ -8,10 +8,10 @@ import time
 
 import pytest
 import torch
+from conftest import AlwaysReadyJob
 
 from base.errors import HarvestError
 from harvest.colocation.core_partitions import CorePartitions
-from harvest.colocation.finetune_job import FinetuneState
 from harvest.colocation.spatial_controller import SpatialController
 from harvest.profiler.live_profile import co_run_rates_by_ft
 from harvest.replay.simulated_job import SimulatedUnit
@@ -22,11 +22,9 @@ needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="core partitions nee
 UNIT_MS = 3.0
 
 
-class RecordingJob:
+class RecordingJob(AlwaysReadyJob):
     """A job whose units spin for UNIT_MS and record where they ran and whether another unit overlapped."""
 
-    state = FinetuneState.RUNNING
-    is_active = True
     engine = None
     max_unit_ms = UNIT_MS
 
@@ -37,15 +35,6 @@ class RecordingJob:
 
     def poll(self):
         assert not self.in_unit.is_set(), "the scheduler polled the job while a unit ran"
-
-    def has_ready_work(self):
-        return True
-
-    def next_unit_kind(self):
-        return "unit"
-
-    def note_no_room(self):
-        pass
 
     def run_unit(self):
         if self.in_unit.is_set():
@@ -116,9 +105,8 @@ def core_profile(tmp_path):
 
 @needs_two_cores
 def test_the_planner_picks_the_core_partition_per_step_and_decode_follows_it(tmp_path):
-    from harvest.config import AdminConfig, ServeConfig
+    from harvest.config import AdminConfig, Colocation, ServeConfig, colocation_mode
     from harvest.finetune import FinetuneConfig
-    from harvest.config import Colocation, colocation_mode
     from predictor import SplitPlanner
 
     profile = core_profile(tmp_path)

@@ -8,9 +8,9 @@ import os
 import threading
 
 import pytest
+from conftest import AlwaysReadyJob
 
 from harvest.colocation.core_partitions import CorePartitions
-from harvest.colocation.finetune_job import FinetuneState
 from harvest.colocation.spatial_controller import SpatialController
 from harvest.replay.simulated_job import SimulatedUnit
 from harvest.step_stats import DecodeStep, SloTracker
@@ -29,11 +29,9 @@ class Engine:
     num_window_layers = 1
 
 
-class GatedJob:
+class GatedJob(AlwaysReadyJob):
     """Each unit announces its start and ends when the test releases a permit."""
 
-    state = FinetuneState.RUNNING
-    is_active = True
     max_unit_ms = 1.0
 
     def __init__(self):
@@ -46,15 +44,6 @@ class GatedJob:
 
     def poll(self):
         self.polls.append((threading.current_thread().name, self.in_unit))
-
-    def has_ready_work(self):
-        return True
-
-    def next_unit_kind(self):
-        return "unit"
-
-    def note_no_room(self):
-        pass
 
     def run_unit(self):
         assert not self.in_unit, "two units ran at once"
