@@ -72,9 +72,9 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from base.cuda_driver import ensure_driver_or_stub
+    from base.ports import check_port_free
     from base.system_libs import library_path_with_system_libs
     from harvest.models import resolve_model_path
-    from base.ports import check_port_free
     from harvest.sglang.launcher import (
         build_sglang_argv,
         flag_value,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from base.errors import HarvestError
 from base.ports import check_port_free
+from harvest.sglang.launcher import flag_value
 from harvest.sglang.pd_flags import (
     NUM_TRANSFER_PORTS,
     decode_flags,
@@ -23,7 +24,6 @@ from harvest.sglang.pd_flags import (
     router_command,
     worker_env,
 )
-from harvest.sglang.launcher import flag_value
 from harvest.worker.process import WorkerProcess, free_ports
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from base.errors import HarvestError
 from harvest.finetune.checkpoint_store import CheckpointStore
 from harvest.finetune.finetune_config import FinetuneConfig
 from harvest.jobs.job_set import JobSet, Member
-from harvest.jobs.job_spec import NAME_PATTERN, JobSpec, check_spec
+from harvest.jobs.job_spec import JobSpec, check_spec
 from harvest.jobs.job_store import JobRecord, JobStore
 
 ENDED_STATES = ("finished", "cancelled", "failed")
@@ -38,12 +38,10 @@ class JobIntake:
 
     def submit(self, name: str, yaml_text: str, priority: int = 0, deadline_s: float | None = None,
                is_best_effort: bool = False, publish_name: str | None = None) -> JobRecord:
-        if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-            raise HarvestError(f"name: {name!r} must match {NAME_PATTERN.pattern}")
+        draft = JobSpec(name, yaml_text, 1.0, priority, deadline_s, is_best_effort, publish_name,
+                        self.job_set.clock())  # checks the name first: the store's path below is built from it
         if name in self.job_set.members or self.store.path(name).exists():
             raise HarvestError(f"name: a job named {name!r} already exists")
-        now = self.job_set.clock()
-        draft = JobSpec(name, yaml_text, 1.0, priority, deadline_s, is_best_effort, publish_name, now)
         yaml_path = self.yaml_path(name)
         try:
             llamafactory = check_spec(draft, yaml_path, self.config)
@@ -56,7 +54,7 @@ class JobIntake:
             yaml_path.unlink(missing_ok=True)
             raise
         config = replace(self.config, yaml_path=str(yaml_path))
-        self.job_set.submit(spec, self.job_factory(spec, config))
+        self.job_set.add(Member(spec, self.job_factory(spec, config)))  # name and deadline checked above
         return record
 
     def persist(self) -> None:
