@@ -51,7 +51,15 @@ class ServeConfig:
     stats_window_steps: int = 1000
     """Decode steps in the sliding window behind latency percentiles and SLO attainment."""
     finetune: FinetuneConfig | None = None
-    """The co-located LoRA job (`--finetune CFG.yaml`); None serves only."""
+    """What every co-located job runs with (device, unit bound, window): set where the worker finetunes
+    (`--tpot-slo-ms`), its yaml_path the job submitted at start (`--finetune CFG.yaml`, else None: jobs come
+    through the admin API); None serves only."""
+    job_quantum_s: float = 30.0
+    """Unit time a job trains before another of equal standing takes its turn (`--job-quantum-s`): each switch
+    re-fetches the incoming job's window, so a turn must be long against that."""
+    jobs_dir: str | None = None
+    """Where the worker's job set lives on disk (`--jobs-dir`), so a restarted worker resumes it; None: a
+    directory of its own that a restart does not find."""
     tpot_slo_ms: float | None = None
     """Decode latency target per step (`--tpot-slo-ms`); required with a finetune job."""
     profile_path: str | None = None
@@ -83,13 +91,18 @@ class ServeConfig:
             raise HarvestError(f"stats window must hold at least one step, got {self.stats_window_steps}")
         if self.finetune is not None and self.tpot_slo_ms is None:
             raise HarvestError("--finetune needs --tpot-slo-ms: the decode latency target finetuning must respect")
+        if not self.job_quantum_s > 0:
+            raise HarvestError(f"--job-quantum-s must be > 0, got {self.job_quantum_s}")
+        if self.jobs_dir is not None and self.finetune is None:
+            raise HarvestError("--jobs-dir needs --tpot-slo-ms: a worker without a decode target takes no jobs")
         if self.tpot_slo_ms is not None and not self.tpot_slo_ms > 0:
             raise HarvestError(f"--tpot-slo-ms must be > 0, got {self.tpot_slo_ms}")
         if self.profile_path is not None and self.tpot_slo_ms is None:
             raise HarvestError("--profile needs --tpot-slo-ms")
         if self.pinned_partition is not None:
             if self.finetune is None:
-                raise HarvestError("--pin-partition needs --finetune: it says where the finetune job co-runs")
+                raise HarvestError("--pin-partition needs --tpot-slo-ms (a worker that finetunes): it says where the "
+                                   "finetune job co-runs")
             infer, ft = self.pinned_partition
             if infer < 1 or ft < 0:
                 raise HarvestError(f"--pin-partition needs INFER >= 1 and FT >= 0, got {infer},{ft}")
@@ -99,7 +112,8 @@ class ServeConfig:
         if self.partition_graph_max_bs is not None and self.partition_graph_max_bs < 1:
             raise HarvestError(f"--partition-graph-max-bs must be >= 1, got {self.partition_graph_max_bs}")
         if self.publish_to and self.finetune is None:
-            raise HarvestError("--publish-to needs --finetune: it says where the job's adapter is published")
+            raise HarvestError("--publish-to needs --tpot-slo-ms (a worker that finetunes): it says where the jobs' "
+                           "adapters are published")
         for url in self.publish_to:
             if not url.startswith(("http://", "https://")):
                 raise HarvestError(f"--publish-to {url!r} is not an http(s) URL of an SGLang worker")
@@ -115,7 +129,7 @@ class ServeConfig:
                 raise HarvestError(f"{flag} serves only: drop --finetune, or pick temporal or spatial")
             return
         if self.finetune is None:
-            raise HarvestError(f"{flag} needs --finetune: the job to co-locate")
+            raise HarvestError(f"{flag} needs --tpot-slo-ms: the decode target the co-located jobs run under")
         if self.colocation is Colocation.TEMPORAL and self.pinned_partition is not None:
             raise HarvestError(f"{flag} runs on the whole device: --pin-partition is spatial")
         if self.colocation is Colocation.SPATIAL and self.pinned_partition is None and self.profile_path is None:

@@ -39,8 +39,10 @@ class HarvestRuntime:
         self.kv_lending_note = "off (no --finetune)" if config.finetune is None else "off (--no-kv-lending)"
         self._running: dict[int, DecodeStep] = {}
         self._admin_server = None
-        self.publisher = None
-        """An AdapterPublisher into this worker (harvest.sglang.hooks sets it when the job publishes)."""
+        self.jobs = None
+        """The worker's job set (harvest.jobs.worker_jobs.WorkerJobs), built at start on a finetuning worker."""
+        self.adapter_target = None
+        """Where a job publishes its adapter (harvest.sglang.adapter_publisher.AdapterTarget; hooks sets it)."""
         self.served_weights = None
         """The served model's resident weights (harvest.sglang.hooks sets it): a job on the same model
         computes on them in place."""
@@ -51,6 +53,7 @@ class HarvestRuntime:
 
     @property
     def job(self):
+        """The one job the controller drives: the job set."""
         return None if self.controller is None else self.controller.job
 
     @property
@@ -135,21 +138,58 @@ class HarvestRuntime:
         """The scheduler is built: build the controller, start the finetune job's construction and the admin API.
         device_index: the worker's CUDA device (SGLang's gpu_id)."""
         if self.config.finetune is not None:
+            from harvest.jobs import JobSet
+
             partitions = self.spatial_partitions(device_index)
             if partitions is not None:
                 self.prepare_co_run_contexts(partitions)
-            self.controller = _build_controller(self.config, self.profile, partitions, self.lender, device_index,
-                                                self.served_weights,
-                                                None if partitions is None else self.planner_pairs(partitions))
-            self.job.publisher = self.publisher
-            self.job.start()
+            planner = _planner(self.config, self.profile,
+                               None if partitions is None else self.planner_pairs(partitions))
+            self.controller = _build_controller(self.config, self.profile, planner, partitions, self.lender,
+                                                JobSet(fair_share_quantum_ms=self.config.job_quantum_s * 1e3))
+            self.jobs = self._worker_jobs(_job_config(self.config, planner, partitions, device_index))
+            self.jobs.start(_initial_job(self.config.finetune))
         if serve_admin:
             from harvest.admin.admin_app import AdminServer
 
             self._admin_server = AdminServer(self, self.config.admin)
             self._admin_server.start()
 
+    def _worker_jobs(self, job_config):
+        """The job set's intake and store: on --jobs-dir, or in a directory of this process's own."""
+        import tempfile
+
+        from harvest.jobs.job_intake import JobIntake
+        from harvest.jobs.job_store import JobStore
+        from harvest.jobs.worker_jobs import WorkerJobs
+
+        jobs_dir = self.config.jobs_dir or tempfile.mkdtemp(prefix="harvest-jobs-")
+        return WorkerJobs(JobIntake(self.job, JobStore(jobs_dir), job_config, self._make_job, self._check_fit))
+
+    def _make_job(self, spec, job_config):
+        """The FinetuneJob of an admitted job, its engine building in the background, publishing under its
+        adapter name where it publishes."""
+        from harvest.colocation import FinetuneJob
+
+        job = FinetuneJob(job_config, weight_memory=None if self.lender is None else self.lender.weight_memory,
+                          served_weights=self.served_weights)
+        if spec.publish_name is not None and self.adapter_target is not None:
+            job.publisher = self.adapter_target.publisher(spec.publish_name)
+        job.start()
+        return job
+
+    def _check_fit(self, spec, llamafactory) -> None:
+        """What only this worker knows of a submitted job: its memory floor, and whether SGLang can load its
+        adapter (with the LoRA flags it started with)."""
+        from harvest.jobs.job_memory import check_fits
+
+        check_fits(llamafactory, self.config.finetune.served_model_path, _free_bytes(self.config.finetune.device))
+        if spec.publish_name is not None and self.adapter_target is not None:
+            self.adapter_target.check(llamafactory)
+
     def stop(self) -> None:
+        if self.jobs is not None:
+            self.jobs.close()
         if self.controller is not None:
             self.controller.close()
         if self._admin_server is not None:
@@ -186,11 +226,13 @@ class HarvestRuntime:
         self.metrics.record_step(step)
         return step
 
-    def adapter_changed(self, verb: str, duration_ms: float) -> None:
-        """SGLang loaded or unloaded a published adapter in the scheduler thread: the next decode step waited
-        for it."""
-        if self.publisher is not None:
-            self.publisher.note_scheduler_ms(verb, duration_ms)
+    def adapter_changed(self, verb: str, duration_ms: float, name: str | None = None) -> None:
+        """SGLang loaded or unloaded adapter `name` in the scheduler thread: the next decode step waited for it."""
+        publisher = None
+        if self.jobs is not None:
+            publisher = next((p for p in self.jobs.publishers().values() if p.name == name), None)
+        if publisher is not None:
+            publisher.note_scheduler_ms(verb, duration_ms)
         if self.controller is not None:
             self.controller.charge_publish_ms(duration_ms)
 
@@ -201,18 +243,24 @@ class HarvestRuntime:
     # ---- admin thread ----
 
     def finetune_action(self, action: str, timeout_s: float = 120.0) -> dict:
-        if self.job is None:
-            raise HarvestError("this worker runs no finetune job (start it with --finetune)")
+        """The /harvest/finetune verbs: pause, resume and publish act on the current job (the one the device
+        trains, or trained last: with one job, that job); stop checkpoints every job (shutdown)."""
+        member = None if self.jobs is None else self.jobs.current()
+        if action == "stop" and self.jobs is not None:
+            if not self.jobs.stop_all(timeout_s):
+                raise HarvestError(f"the finetune jobs did not checkpoint within {timeout_s:.0f} s")
+            return self.jobs.current_stats()
+        if member is None:
+            raise HarvestError("this worker runs no finetune job (start it with --finetune, or submit one to "
+                               "/harvest/jobs)")
+        name = member.spec.name
         if action == "pause":
-            self.job.pause()
+            self.jobs.pause(name)
         elif action == "resume":
-            self.job.resume()
+            self.jobs.resume(name)
         elif action == "publish":
-            return self.job.request_publish(timeout_s)
-        elif action == "stop":
-            if not self.job.request_stop(timeout_s):
-                raise HarvestError(f"the finetune job did not checkpoint within {timeout_s:.0f} s")
-        return self.job.stats()
+            return member.job.request_publish(timeout_s)
+        return self.jobs.current_stats()
 
     def pin_partition(self, partition: tuple[int, int] | None) -> dict:
         """Run every step on partition (infer, ft) from the next one; None: the planner chooses again (a
@@ -230,7 +278,8 @@ class HarvestRuntime:
     def stats_snapshot(self, window_steps: int | None = None) -> dict:
         snapshot = {"decode": self.stats.snapshot(window_steps)}
         if self.controller is not None:
-            snapshot["finetune"] = self.job.stats()
+            snapshot["finetune"] = self.jobs.current_stats()
+            snapshot["jobs"] = self.jobs.stats()
             snapshot["colocation"] = {**self.controller.stats(), "decode_stream_groups": self.stream_groups_note}
             if self.stream_groups is not None:
                 snapshot["colocation"]["decode_graph_sets"] = self.stream_groups.stats()
@@ -244,7 +293,8 @@ class HarvestRuntime:
     def render_metrics(self) -> bytes:
         self.metrics.uptime.set(time.time() - self.stats.started_s)
         if self.controller is not None:
-            self.metrics.record_finetune(self.job.stats(), self.controller.stats())
+            self.metrics.record_finetune(self.jobs.current_stats(), self.controller.stats())
+            self.metrics.record_jobs(self.jobs.list())
         if self.lender is not None:
             self.metrics.record_memory(self.lender.stats())
         return self.metrics.render()
@@ -259,22 +309,51 @@ def _load_profile(config: ServeConfig):
     return Profile.load(config.profile_path)
 
 
-def _build_controller(config: ServeConfig, profile, partitions, lender, device_index: int = 0, served_weights=None,
-                      pairs=None):
-    """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
-    measured time, so no prediction can be wrong (stats say so). device_index: the worker's CUDA device,
-    named in the job's device (a bare "cuda" means device 0 in the spatial unit thread, whatever SGLang set)."""
-    from harvest.colocation import FinetuneJob, TemporalController
-    from harvest.step_stats import SloTracker
+def _initial_job(finetune_config) -> dict | None:
+    """The `--finetune` job as a submission: named after its adapter, else its YAML file."""
+    if finetune_config.yaml_path is None:
+        return None
+    import re
+    from pathlib import Path
 
-    finetune_config = config.finetune
+    import yaml
+
+    from harvest.finetune.publishing import split_harvest_keys
+    from harvest.jobs.job_spec import NAME_PATTERN
+
+    text = Path(finetune_config.yaml_path).read_text()
+    publishing = split_harvest_keys(yaml.safe_load(text))[1]
+    stem = publishing.name if publishing is not None else Path(finetune_config.yaml_path).stem
+    name = re.sub(r"[^a-z0-9_-]+", "-", stem.lower()).strip("-_")[:63] or "job"
+    assert NAME_PATTERN.fullmatch(name), name
+    return {"name": name, "yaml_text": text, "resume": finetune_config.resume}
+
+
+def _free_bytes(device: str) -> int:
+    """Memory a new job may take: the device's free memory on a GPU, the host's available memory on a CPU."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def _planner(config: ServeConfig, profile, pairs):
+    if profile is None:
+        return None
+    from predictor import SplitPlanner
+
+    return SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
+
+
+def _job_config(config: ServeConfig, planner, partitions, device_index: int):
+    """Every job's FinetuneConfig but its YAML. device_index: the worker's CUDA device, named in the job's
+    device (a bare "cuda" means device 0 in the spatial unit thread, whatever SGLang set)."""
+    finetune_config = dataclasses.replace(config.finetune, yaml_path=None, resume=False)
     if finetune_config.device == "cuda":
         finetune_config = dataclasses.replace(finetune_config, device=f"cuda:{device_index}")
-    planner = None
-    if profile is not None:
-        from predictor import SplitPlanner
-
-        planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
     if finetune_config.max_unit_ms is None:
         # Temporal with a profile: a unit no longer than the shortest decode step, so a pause (or a batch
         # arriving while the device is idle and finetuning) takes effect within one step, but for a unit whose
@@ -286,8 +365,15 @@ def _build_controller(config: ServeConfig, profile, partitions, lender, device_i
         else:
             max_unit_ms = planner.shortest_step_ms
         finetune_config = dataclasses.replace(finetune_config, max_unit_ms=max_unit_ms)
-    job = FinetuneJob(finetune_config, weight_memory=None if lender is None else lender.weight_memory,
-                      served_weights=served_weights)
+    return finetune_config
+
+
+def _build_controller(config: ServeConfig, profile, planner, partitions, lender, job):
+    """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
+    measured time, so no prediction can be wrong (stats say so). `job`: the job set."""
+    from harvest.colocation import TemporalController
+    from harvest.step_stats import SloTracker
+
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
     if planner is None and partitions is None:
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "

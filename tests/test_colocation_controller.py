@@ -15,7 +15,7 @@ from harvest.replay.simulated_job import (
     SimulatedSpatialController,
     SimulatedUnit,
 )
-from harvest.runtime import _build_controller
+from harvest.runtime import _job_config
 from harvest.step_stats import DecodeStep, SloTracker, miss_cause
 from predictor import Profile, SplitPlanner
 from predictor.synthetic_profile import SHIPPED_PATH
@@ -169,10 +169,9 @@ def test_a_worker_that_co_runs_on_most_steps_still_fits_the_decode_cost_line():
 def test_with_a_profile_units_are_sized_to_its_shortest_step():
     profile = Profile.load(SHIPPED_PATH)
     config = ServeConfig(admin=AdminConfig(), tpot_slo_ms=TARGET_MS, finetune=FinetuneConfig(yaml_path="job.yaml"))
-    controller = _build_controller(config, profile, None, None)
-    assert controller.job.config.max_unit_ms == pytest.approx(SplitPlanner(profile, TARGET_MS).shortest_step_ms)
-    unprofiled = _build_controller(config, None, None, None)
-    assert unprofiled.job.config.max_unit_ms == TARGET_MS / 4
+    planner = SplitPlanner(profile, TARGET_MS)
+    assert _job_config(config, planner, None, 0).max_unit_ms == pytest.approx(planner.shortest_step_ms)
+    assert _job_config(config, None, None, 0).max_unit_ms == TARGET_MS / 4
 
 
 def test_before_any_unit_is_timed_the_slice_admits_units_where_twice_their_bound_fits():

@@ -38,7 +38,7 @@ def test_the_mode_is_today_s_inference_unless_named(kwargs, profile_path, mode):
     ("kwargs", "fragment"),
     [
         ({"colocation": Colocation.OFF}, "--colocation off serves only"),
-        ({"finetune": False, "colocation": Colocation.TEMPORAL}, "--colocation temporal needs --finetune"),
+        ({"finetune": False, "colocation": Colocation.TEMPORAL}, "--colocation temporal needs --tpot-slo-ms"),
         ({"colocation": Colocation.TEMPORAL, "pinned_partition": (1, 1)}, "--pin-partition is spatial"),
         ({"colocation": Colocation.SPATIAL}, "--colocation spatial needs --pin-partition or a --profile"),
     ],

@@ -141,18 +141,20 @@ def test_the_planner_picks_the_core_partition_per_step_and_decode_follows_it(tmp
 def test_a_spatial_worker_cuts_units_to_the_preemption_bound(tmp_path):
     from harvest.config import AdminConfig, ServeConfig
     from harvest.finetune import FinetuneConfig
-    from harvest.runtime import PREEMPTION_BOUND_SHARE, _build_controller
+    from harvest.jobs import JobSet
+    from harvest.runtime import PREEMPTION_BOUND_SHARE, _build_controller, _job_config, _planner
 
     profile = core_profile(tmp_path)
     config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cpu", yaml_path="job.yaml"), tpot_slo_ms=40.0)
-    controller = _build_controller(config, profile, CorePartitions(list(profile.partitions), CORES[:2]), None)
+    planner = _planner(config, profile, None)
+    partitions = CorePartitions(list(profile.partitions), CORES[:2])
+    controller = _build_controller(config, profile, planner, partitions, None, JobSet())
     try:
         assert controller.mode == "spatial"
-        assert controller.job.config.max_unit_ms == 40.0 * PREEMPTION_BOUND_SHARE
+        assert _job_config(config, planner, partitions, 0).max_unit_ms == 40.0 * PREEMPTION_BOUND_SHARE
     finally:
         controller.close()
-    temporal = _build_controller(config, profile, None, None)
-    assert temporal.job.config.max_unit_ms == temporal.planner.shortest_step_ms
+    assert _job_config(config, planner, None, 0).max_unit_ms == planner.shortest_step_ms
 
 
 def test_the_admin_api_pins_and_unpins_a_spatial_workers_partition(tmp_path):

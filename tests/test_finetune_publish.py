@@ -330,7 +330,7 @@ def test_publish_to_needs_a_job_and_an_http_url():
     from harvest.config import AdminConfig, ServeConfig
     from harvest.finetune import FinetuneConfig
 
-    with pytest.raises(HarvestError, match="--publish-to needs --finetune"):
+    with pytest.raises(HarvestError, match="--publish-to needs --tpot-slo-ms"):
         ServeConfig(admin=AdminConfig(), publish_to=("http://127.0.0.1:30010",))
     with pytest.raises(HarvestError, match="--publish-to '127.0.0.1:30010' is not an http"):
         ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig(yaml_path="job.yaml"), tpot_slo_ms=100,

@@ -181,6 +181,8 @@ def test_pause_skips_the_job_and_resume_brings_it_back():
 
 
 class MidUpdateEngine:
+    num_window_layers = 2
+
     def __init__(self):
         self.is_mid_update = False
         self.windows = []
@@ -206,6 +208,9 @@ def test_switch_waits_for_the_step_boundary_and_evicts_the_window():
     assert run(job_set, 1) == ["urgent"]
     assert first.engine.windows == [0]
     assert job_set.num_switches == 1
+    job_set.cancel("urgent")
+    assert run(job_set, 1) == ["first"]
+    assert first.engine.windows == [0, 2]  # switched back in: its window as it was
 
 
 def test_state_with_nothing_to_run():
@@ -279,7 +284,7 @@ def with_key(yaml_text, key, value):
     (("lora_rnk", 8), {}, "lora_rnk"),
     (("lora_rank", "eight"), {}, "^lora_rank: 'eight' is not"),
     (("model_name_or_path", "/no/such/model"), {}, "/no/such/model"),
-    (None, {"deadline_s": 999.0}, "^deadline_s: 999.0 is not after the submission time"),
+    (None, {"deadline_s": 999.0}, "^deadline_s: 999 is in the past"),
     (None, {"deadline_s": 1001.0}, r"^deadline_s: 2560 tokens at the measured 100.0 tokens/s"),
     (None, {"yaml_text": "a: [1\n"}, "^yaml: not valid YAML"),
     (None, {"yaml_text": "x: 1\n" * 20000}, "^yaml: .* bytes, more than"),

@@ -3,7 +3,8 @@
 import pytest
 
 from base.errors import HarvestError
-from harvest.sglang.launcher import build_sglang_argv, port_flag
+from base.argv import port_flag
+from harvest.sglang.launcher import build_sglang_argv
 
 
 def test_cpu_host_gets_cpu_defaults_unless_given():

@@ -11,6 +11,7 @@ import threading
 
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -21,6 +22,7 @@ from harvest.config import AdminConfig
 logger = logging.getLogger(__name__)
 
 ENDPOINTS = ["/healthz", "/harvest/stats", "/harvest/steps", "/metrics",
+             "GET|POST /harvest/jobs", "GET|DELETE /harvest/jobs/{name}", "POST /harvest/jobs/{name}/pause|resume",
              "POST /harvest/finetune/pause", "POST /harvest/finetune/resume", "POST /harvest/finetune/stop",
              "POST /harvest/finetune/publish",
              "POST /harvest/partition?infer=I&ft=F", "POST /harvest/partition (unpin)"]
@@ -74,6 +76,41 @@ def _finite(value):
     return value
 
 
+def _job_call(verb, *args, **kwargs):
+    """A job verb's errors as HTTP: an unknown job 404, a deadline the measured rate cannot meet or a job in
+    the wrong state (duplicate, finished) 409, anything else wrong with the submission 422."""
+    from harvest.jobs.job_spec import JobConflictError
+    from harvest.jobs.worker_jobs import UnknownJobError
+
+    try:
+        return verb(*args, **kwargs)
+    except UnknownJobError as e:
+        raise HTTPException(404, str(e)) from None
+    except JobConflictError as e:
+        raise HTTPException(409, str(e)) from None
+    except HarvestError as e:
+        raise HTTPException(422, str(e)) from None
+
+
+def _deadline(value: str | None) -> float | None:
+    """A deadline as UNIX seconds or an ISO 8601 time (with its zone; none: UTC)."""
+    if value is None:
+        return None
+    import datetime
+
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise HTTPException(422, f"deadline: {value!r} is neither UNIX seconds nor an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
+
+
 def create_admin_app(runtime) -> FastAPI:
     app = FastAPI(title="harvest admin", docs_url=None, redoc_url=None, openapi_url=None,
                   default_response_class=FiniteJSONResponse)
@@ -110,6 +147,55 @@ def create_admin_app(runtime) -> FastAPI:
             return runtime.finetune_action(action)
         except HarvestError as e:
             raise HTTPException(409, str(e)) from None
+
+    def worker_jobs():
+        if runtime.jobs is None:
+            raise HTTPException(409, "this worker takes no finetune jobs: start it with --tpot-slo-ms (the decode "
+                                "target jobs run under)")
+        return runtime.jobs
+
+    @app.get("/harvest/jobs")
+    def list_jobs():
+        return {"jobs": worker_jobs().list()}
+
+    @app.get("/harvest/jobs/{name}")
+    def show_job(name: str):
+        return _job_call(worker_jobs().show, name)
+
+    @app.post("/harvest/jobs", dependencies=[Depends(require_token)], status_code=201)
+    async def submit_job(request: Request, name: str = Query(...), priority: int = Query(0),
+                         deadline: str | None = Query(None), deadline_tokens: float | None = Query(None, gt=0),
+                         best_effort: bool = Query(False), publish_name: str | None = Query(None)):
+        """The body is the job's LlamaFactory YAML; the rest are query parameters."""
+        from harvest.jobs.job_spec import MAX_YAML_BYTES
+
+        jobs = worker_jobs()
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_YAML_BYTES:
+            raise HTTPException(413, f"the job YAML is {declared} bytes, more than {MAX_YAML_BYTES}")
+        body = await request.body()
+        if len(body) > MAX_YAML_BYTES:
+            raise HTTPException(413, f"the job YAML is {len(body)} bytes, more than {MAX_YAML_BYTES}")
+        try:
+            text = body.decode()
+        except UnicodeDecodeError:
+            raise HTTPException(422, "yaml: the body is not UTF-8 text") from None
+        fields = {"priority": priority, "deadline_s": _deadline(deadline), "deadline_tokens": deadline_tokens,
+                  "is_best_effort": best_effort, "publish_name": publish_name}
+        # The check parses the YAML with LlamaFactory (milliseconds to seconds): off the event loop.
+        return await run_in_threadpool(_job_call, jobs.submit, name, text, **fields)
+
+    @app.post("/harvest/jobs/{name}/{action}", dependencies=[Depends(require_token)])
+    def job_action(name: str, action: str):
+        jobs = worker_jobs()
+        verbs = {"pause": jobs.pause, "resume": jobs.resume}
+        if action not in verbs:
+            raise HTTPException(404, f"no job action {action!r}; actions: pause, resume (DELETE cancels)")
+        return _job_call(verbs[action], name)
+
+    @app.delete("/harvest/jobs/{name}", dependencies=[Depends(require_token)])
+    def cancel_job(name: str):
+        return _job_call(worker_jobs().cancel, name)
 
     @app.post("/harvest/partition", dependencies=[Depends(require_token)])
     def partition(infer: int | None = Query(None, ge=1), ft: int = Query(0, ge=0)):

@@ -14,6 +14,7 @@ from harvest.step_stats import DecodeStep
 # Decode steps of interest sit between ~5 ms (H100, small batch) and a few hundred ms (CPU).
 STEP_LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 FINETUNE_STATES = ("starting", "running", "paused", "starved", "waiting", "stopped", "failed", "finished")
+JOB_STATES = ("queued", "running", "paused", "stopped", "failed", "finished", "cancelled")
 
 
 class HarvestMetrics:
@@ -45,6 +46,15 @@ class HarvestMetrics:
         self.published_step = Gauge("harvest_published_step", "Optimizer step of the served version", registry=r)
         self.publish_cost = Gauge("harvest_publish_cost_seconds", "Scheduler-thread time of the last publish",
                                   ["part"], registry=r)
+        self.job_tokens = Gauge("harvest_job_tokens", "Tokens a job has trained", ["job"], registry=r)
+        self.job_slack = Gauge("harvest_job_slack_seconds", "Seconds a job's deadline has to spare at the measured "
+                               "harvest rate (jobs with a deadline)", ["job"], registry=r)
+        self.job_finish = Gauge("harvest_job_predicted_finish_timestamp_seconds", "When a job would finish at the "
+                                "measured harvest rate (UNIX time)", ["job"], registry=r)
+        self.job_state = Gauge("harvest_job_state", "1 for a job's state in the job set", ["job", "state"],
+                               registry=r)
+        self.job_published_version = Gauge("harvest_job_published_version", "Version of a job's adapter this "
+                                           "worker serves (0: none yet)", ["job"], registry=r)
         self.allocator = AllocatorMetrics(r)
 
     def record_step(self, step: DecodeStep) -> None:
@@ -80,6 +90,21 @@ class HarvestMetrics:
         if split is not None:
             self.split_sms.labels("decode").set(split["infer_sms"])
             self.split_sms.labels("finetune").set(split["ft_sms"])
+
+    def record_jobs(self, jobs: list[dict]) -> None:
+        """Each job of the set (harvest.jobs.worker_jobs.WorkerJobs.list), labelled by its name."""
+        for job in jobs:
+            name = job["name"]
+            self.job_tokens.labels(name).set(job["tokens"])
+            for state in JOB_STATES:
+                self.job_state.labels(name, state).set(1 if job["state"] == state else 0)
+            if job["slack_s"] is not None:
+                self.job_slack.labels(name).set(job["slack_s"])
+            if job["predicted_finish_s"] is not None:
+                self.job_finish.labels(name).set(job["predicted_finish_s"])
+            published = job["finetune"].get("published")
+            if published is not None:
+                self.job_published_version.labels(name).set(published["version"])
 
     def record_memory(self, lender_stats: dict) -> None:
         self.allocator.update(lender_stats)

@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = {
     "serve": "harvest.cli.serve",
     "deploy": "harvest.cli.deploy",
     "status": "harvest.cli.status",
+    "jobs": "harvest.cli.jobs",
     "demo": "harvest.cli.demo",
     "profile": "harvest.cli.profile",
     "predictor": "harvest.cli.predictor",

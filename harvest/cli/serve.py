@@ -60,6 +60,13 @@ def add_parser(subparsers) -> None:
                             help="frozen-weight layers resident at once (default: all)")
     colocation.add_argument("--finetune-resume", action="store_true",
                             help="continue the job from its last checkpoint in output_dir")
+    colocation.add_argument("--job-quantum-s", type=float, default=30.0,
+                            help="unit seconds a job trains before another of the same deadline standing and "
+                            "priority takes its turn (default 30; each switch re-fetches the incoming job's window)")
+    colocation.add_argument("--jobs-dir", default=None,
+                            help="keep the worker's job set (specs, states, checkpoints' places) in this directory, "
+                            "so a restarted worker resumes it (default: not kept across restarts). A worker with "
+                            "--tpot-slo-ms takes jobs through its admin API (`harvest jobs`), --finetune or not")
     colocation.add_argument("--publish-to", metavar="URL", action="append", default=[],
                             help="another SGLang worker that loads every version the job publishes (repeatable; "
                             "`harvest deploy` passes its prefill worker's)")
@@ -71,17 +78,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from base.argv import flag_value, port_flag
     from base.cuda_driver import ensure_driver_or_stub
     from base.ports import check_port_free
     from base.system_libs import library_path_with_system_libs
     from harvest.models import resolve_model_path
-    from harvest.sglang.launcher import (
-        build_sglang_argv,
-        flag_value,
-        launch,
-        parse_sglang_args,
-        port_flag,
-    )
+    from harvest.sglang.launcher import build_sglang_argv, launch, parse_sglang_args
     from harvest.worker.supervisor import supervise
 
     model_path = resolve_model_path(args.model_path)
@@ -89,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(
         admin=AdminConfig(host=args.admin_host, port=args.admin_port, token=args.admin_token),
         finetune=finetune,
+        jobs_dir=args.jobs_dir,
+        job_quantum_s=args.job_quantum_s,
         tpot_slo_ms=args.tpot_slo_ms,
         profile_path=args.profile,
         kv_lending=not args.no_kv_lending,
@@ -120,21 +124,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _finetune_config(args: argparse.Namespace, model_path):
-    """(the job's FinetuneConfig, its LlamaFactoryArgs), (None, None) without --finetune. The whole job is checked
-    up front (harvest's job check; no model or data loaded): a bad job is an error here, not a failed job inside
-    a worker that took a minute to start."""
-    if args.finetune is None:
-        return None, None
+    """(the worker's FinetuneConfig, the --finetune job's LlamaFactoryArgs or None); (None, None) for a worker
+    that serves only (no --tpot-slo-ms, or --colocation off). The --finetune job is checked whole up front
+    (harvest's job check; no model or data loaded): a bad job is an error here, not a failed job inside a worker
+    that took a minute to start."""
     from base.cuda_driver import has_real_driver
+    from base.errors import HarvestError
     from harvest.finetune import FinetuneConfig
     from harvest.finetune.job_validation import check_job, finetune_config
 
-    if args.tpot_slo_ms is None or not args.tpot_slo_ms > 0:
+    if args.finetune is None:
+        if args.finetune_resume:
+            raise HarvestError("--finetune-resume needs --finetune: the job to resume (a job set resumes by "
+                               "--jobs-dir)")
+        if args.tpot_slo_ms is None or args.colocation == Colocation.OFF.value:
+            return None, None  # serve only
+    elif args.tpot_slo_ms is None or not args.tpot_slo_ms > 0:
         return FinetuneConfig(yaml_path=args.finetune), None  # ServeConfig names the missing or bad --tpot-slo-ms
     # max_unit_ms None: the controller sizes units from the profile (or a quarter of the target without one).
     config = finetune_config(SERVE_FLAGS, yaml_path=args.finetune, device="cuda" if has_real_driver() else "cpu",
                              max_unit_ms=args.finetune_max_unit_ms, num_window_layers=args.finetune_window_layers,
                              resume=args.finetune_resume, served_model_path=str(model_path))
+    if args.finetune is None:
+        return config, None
     llamafactory = check_job(args.finetune, config, resume_flag=SERVE_FLAGS["resume"])
     return config, llamafactory
 

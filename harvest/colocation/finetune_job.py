@@ -33,6 +33,10 @@ class FinetuneState(str, Enum):
     FINISHED = "finished"    # reached max_steps; adapter written
 
 
+_BUILD_LOCK = threading.Lock()
+"""One engine build at a time in a process: LlamaFactory's training setup resets Accelerate's process-global
+AcceleratorState, so two jobs building at once break each other's."""
+
 ACTIVE_PHASES = (FinetuneState.RUNNING, FinetuneState.STARVED, FinetuneState.WAITING)
 ENDED_PHASES = (FinetuneState.STOPPED, FinetuneState.FAILED, FinetuneState.FINISHED)
 HELD_MEMORY_STATS = ("window", "resident_layers", "resident_bytes", "frozen_bytes")
@@ -95,7 +99,8 @@ class FinetuneJob:
 
     def _build(self) -> None:
         try:
-            self.engine = self._engine_factory(self.config)
+            with _BUILD_LOCK:
+                self.engine = self._engine_factory(self.config)
             args = self.engine.llamafactory.training_args
             self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
             if self.config.resume:
@@ -287,6 +292,7 @@ class FinetuneJob:
                     path = self.engine.close()
                     logger.info("harvest: finetune checkpoint written to %s", path)
                 self._phase = FinetuneState.STOPPED
+                self._release()  # a job stopped in a running worker (cancelled) gives its memory back
             except Exception as e:  # noqa: BLE001
                 self._fail(e)
         self._stopped.set()

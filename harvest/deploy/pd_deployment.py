@@ -16,7 +16,7 @@ from pathlib import Path
 
 from base.errors import HarvestError
 from base.ports import check_port_free
-from harvest.sglang.launcher import flag_value
+from base.argv import flag_value
 from harvest.sglang.pd_flags import (
     NUM_TRANSFER_PORTS,
     decode_flags,

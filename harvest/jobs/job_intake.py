@@ -9,7 +9,7 @@ from base.errors import HarvestError
 from harvest.finetune.checkpoint_store import CheckpointStore
 from harvest.finetune.finetune_config import FinetuneConfig
 from harvest.jobs.job_set import JobSet, Member
-from harvest.jobs.job_spec import JobSpec, check_spec
+from harvest.jobs.job_spec import JobConflictError, JobSpec, check_spec
 from harvest.jobs.job_store import JobRecord, JobStore
 
 ENDED_STATES = ("finished", "cancelled", "failed")
@@ -26,26 +26,37 @@ def job_tokens(llamafactory) -> float:
 
 
 class JobIntake:
-    def __init__(self, job_set: JobSet, store: JobStore, config: FinetuneConfig, job_factory) -> None:
-        """`job_factory(spec, finetune_config)`: the FinetuneJob that runs an admitted spec."""
+    def __init__(self, job_set: JobSet, store: JobStore, config: FinetuneConfig, job_factory,
+                 check_fit=None) -> None:
+        """`job_factory(spec, finetune_config)`: the FinetuneJob that runs an admitted spec. `check_fit(spec,
+        llamafactory)`: the worker's own checks of a parsed job (memory, the LoRA flags SGLang started with),
+        raising HarvestError; None: none."""
         self.job_set = job_set
         self.store = store
         self.config = config
         self.job_factory = job_factory
+        self.check_fit = check_fit
 
     def yaml_path(self, name: str) -> Path:
         return self.store.state_dir / f"{name}.yaml"
 
     def submit(self, name: str, yaml_text: str, priority: int = 0, deadline_s: float | None = None,
-               is_best_effort: bool = False, publish_name: str | None = None) -> JobRecord:
+               is_best_effort: bool = False, publish_name: str | None = None,
+               deadline_tokens: float | None = None, resume: bool = False) -> JobRecord:
+        """Check, size, admit, store and queue a job; `resume`: continue it from the checkpoints in its
+        output_dir (`--finetune-resume`)."""
         draft = JobSpec(name, yaml_text, 1.0, priority, deadline_s, is_best_effort, publish_name,
-                        self.job_set.clock())  # checks the name first: the store's path below is built from it
+                        self.job_set.clock(), deadline_tokens)  # checks the name first: the store's path uses it
         if name in self.job_set.members or self.store.path(name).exists():
-            raise HarvestError(f"name: a job named {name!r} already exists")
+            raise JobConflictError(f"name: a job named {name!r} already exists")
         yaml_path = self.yaml_path(name)
+        config = replace(self.config, yaml_path=str(yaml_path), resume=resume)
         try:
-            llamafactory = check_spec(draft, yaml_path, self.config)
-            spec = replace(draft, total_tokens=job_tokens(llamafactory))
+            llamafactory = check_spec(draft, yaml_path, config)
+            spec = replace(draft, total_tokens=job_tokens(llamafactory),
+                           publish_name=draft.publish_name or getattr(llamafactory.publishing, "name", None))
+            if self.check_fit is not None:
+                self.check_fit(spec, llamafactory)
             if spec.deadline_s is not None and not spec.is_best_effort:
                 self.job_set.check_deadlines(spec)
             record = JobRecord(spec, "queued", str(llamafactory.output_dir))
@@ -53,14 +64,13 @@ class JobIntake:
         except BaseException:
             yaml_path.unlink(missing_ok=True)
             raise
-        config = replace(self.config, yaml_path=str(yaml_path))
         self.job_set.add(Member(spec, self.job_factory(spec, config)))  # name and deadline checked above
         return record
 
     def persist(self) -> None:
         """Write each live job's state and tokens (the runtime calls it after a checkpoint or a state change):
         what a restart resumes from."""
-        for name, member in self.job_set.members.items():
+        for name, member in list(self.job_set.members.items()):
             record = self.store.get(name)
             state = self.job_set.job_state(member)
             error = getattr(member.job, "error", None)

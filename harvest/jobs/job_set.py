@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 from base.errors import HarvestError
 from harvest.colocation.finetune_job import ENDED_PHASES, FinetuneState
-from harvest.jobs.job_spec import JobSpec
+from harvest.jobs.job_spec import JobConflictError, JobSpec
 
 
-class DeadlineError(HarvestError):
+class DeadlineError(JobConflictError):
     """A deadline the measured harvest rate cannot meet (the admin API answers 409)."""
 
 
@@ -39,9 +39,17 @@ class Member:
     is_cancelled: bool = False
     finished_s: float | None = None
 
+    window: int | None = None
+    """The job's window when it was switched out (restored when it is switched back in)."""
+
     @property
     def remaining_tokens(self) -> float:
         return max(0.0, self.spec.total_tokens - self.num_trained_tokens)
+
+    @property
+    def tokens_due(self) -> float:
+        """What is still owed by the deadline (its deadline_tokens, or the whole job)."""
+        return max(0.0, self.spec.tokens_due - self.num_trained_tokens)
 
     @property
     def is_done(self) -> bool:
@@ -70,6 +78,7 @@ class JobSet:
         self.prior_tokens_per_s = prior_tokens_per_s
         self.members: dict[str, Member] = {}
         self._active: Member | None = None
+        self._last_active: Member | None = None
         self._busy_since_s: float | None = None
         self._busy_s = 0.0
         self._num_trained_tokens = 0.0
@@ -80,7 +89,7 @@ class JobSet:
     def submit(self, spec: JobSpec, job) -> Member:
         """Admit a checked job; DeadlineError (nothing added) if its deadline cannot be met."""
         if spec.name in self.members:
-            raise HarvestError(f"name: a job named {spec.name!r} already exists")
+            raise JobConflictError(f"name: a job named {spec.name!r} already exists")
         if spec.deadline_s is not None and not spec.is_best_effort:
             self.check_deadlines(spec)
         return self.add(Member(spec, job))
@@ -98,16 +107,16 @@ class JobSet:
         rate = self.harvest_tokens_per_s()
         if rate is None:
             return
-        pending = [(m.spec.deadline_s, m.spec.name, m.remaining_tokens) for m in self.members.values()
+        pending = [(m.spec.deadline_s, m.spec.name, m.tokens_due) for m in list(self.members.values())
                    if not m.is_done and m.spec.deadline_s is not None and not m.spec.is_best_effort]
-        pending.append((spec.deadline_s, spec.name, spec.total_tokens))
+        pending.append((spec.deadline_s, spec.name, spec.tokens_due))
         finish_s = now
         for deadline_s, name, remaining in sorted(pending):
             finish_s += remaining / rate
             if finish_s > deadline_s:
                 whose = "its" if name == spec.name else f"job {name!r}'s"
                 raise DeadlineError(
-                    f"deadline_s: {spec.total_tokens:.0f} tokens at the measured {rate:.1f} tokens/s would "
+                    f"deadline_s: {spec.tokens_due:.0f} tokens at the measured {rate:.1f} tokens/s would "
                     f"finish {whose} work at {finish_s:.0f}, {finish_s - deadline_s:.0f} s after its deadline "
                     f"{deadline_s:.0f} (submit with best_effort to queue it anyway)")
 
@@ -124,11 +133,10 @@ class JobSet:
         member.is_paused = False
 
     def cancel(self, name: str) -> Member:
-        """Mark cancelled; the caller checkpoints and stops its job (request_stop), which frees its memory."""
+        """Mark cancelled; the caller checkpoints and stops its job (request_stop), which frees its memory. The
+        scheduler thread's next poll moves the device on (the admin thread never changes the active job)."""
         member = self._live(name, "cancel")
         member.is_cancelled = True
-        if self._active is member:
-            self._active = None
         return member
 
     def _live(self, name: str, verb: str) -> Member:
@@ -136,7 +144,7 @@ class JobSet:
         if member is None:
             raise KeyError(name)
         if member.is_done:
-            raise HarvestError(f"cannot {verb} job {name!r}: it is {self.job_state(member)}")
+            raise JobConflictError(f"cannot {verb} job {name!r}: it is {self.job_state(member)}")
         return member
 
     def job_state(self, member: Member) -> str:
@@ -163,7 +171,7 @@ class JobSet:
         rate = self.harvest_tokens_per_s()
         if member.spec.deadline_s is None or rate is None:
             return None
-        return member.spec.deadline_s - self.clock() - member.remaining_tokens / rate
+        return member.spec.deadline_s - self.clock() - member.tokens_due / rate
 
     def rank_key(self, member: Member) -> tuple:
         """Smallest runs next; the active job is ranked with its switch margins taken off (hysteresis)."""
@@ -179,9 +187,15 @@ class JobSet:
         return (not has_deadline, order, -member.spec.priority, used_ms, member.spec.submitted_s, not is_incumbent)
 
     def pick(self) -> Member | None:
-        ready = [m for m in self.members.values()
-                 if not m.is_done and not m.is_paused and m.job.has_ready_work()]
+        ready = [m for m in list(self.members.values()) if not m.is_done and not m.is_paused and self._can_run(m)]
         return min(ready, key=self.rank_key, default=None)
+
+    @staticmethod
+    def _can_run(member: Member) -> bool:
+        """Built and not ended, whether or not its next unit is ready this instant: a job switched out had its
+        window evicted, so its units are ready only once it is back in, and one waiting for a layer's fetch
+        keeps its turn rather than be switched out for it."""
+        return member.job.is_active and member.job.state not in ENDED_PHASES
 
     def _can_switch(self) -> bool:
         active = self._active
@@ -195,15 +209,21 @@ class JobSet:
         if old is member:
             return
         if old is not None and old.job.engine is not None and hasattr(old.job.engine, "set_window"):
+            old.window = old.job.engine.num_window_layers
             old.job.engine.set_window(0)  # its lent chunks go back before the lender attaches the new engine
+        if member is not None and member.window is not None and member.job.engine is not None:
+            member.job.engine.set_window(member.window)  # as memory allows; the lender grows it from there
+            member.window = None
         self._active = member
+        if member is not None:
+            self._last_active = member
         if old is not None and member is not None:
             self.num_switches += 1
 
     # ---- the controller's job interface (scheduler thread) ----
 
     def poll(self) -> None:
-        for member in self.members.values():
+        for member in list(self.members.values()):  # the admin thread may add one meanwhile
             member.job.poll()
             if member.remaining_tokens == 0 and member.finished_s is None:
                 member.finished_s = self.clock()
@@ -225,7 +245,7 @@ class JobSet:
     def state(self) -> FinetuneState:
         if self._active is not None:
             return self._active.job.state
-        live = [m for m in self.members.values() if not m.is_done]
+        live = [m for m in list(self.members.values()) if not m.is_done]
         if not live:
             return FinetuneState.FINISHED
         return FinetuneState.PAUSED if all(m.is_paused for m in live) else FinetuneState.WAITING
@@ -241,6 +261,11 @@ class JobSet:
     @property
     def max_unit_ms(self) -> float | None:
         return self._active.job.max_unit_ms if self._active is not None else None
+
+    @property
+    def current(self) -> Member | None:
+        """The active member, else the one that was active last (None before any ran)."""
+        return self._active or self._last_active
 
     @property
     def active_name(self) -> str | None:
@@ -270,7 +295,7 @@ class JobSet:
             "active": self.active_name,
             "harvest_tokens_per_s": None if rate is None else round(rate, 3),
             "num_switches": self.num_switches,
-            "jobs": {name: self.member_stats(m) for name, m in self.members.items()},
+            "jobs": {name: self.member_stats(m) for name, m in list(self.members.items())},
         }
 
     def member_stats(self, member: Member) -> dict:

@@ -11,7 +11,14 @@ from base.errors import HarvestError
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 """Job names become adapter names, file names and Prometheus label values: keep them to a safe charset."""
+ADAPTER_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""An adapter name is what requests give SGLang as lora_path: no spaces or slashes."""
 MAX_YAML_BYTES = 64 * 1024
+
+
+class JobConflictError(HarvestError):
+    """A well-formed request the job set cannot take as things stand: a duplicate name, a full set, a verb on a
+    job in the wrong state, a deadline the measured rate cannot meet (the admin API answers 409)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,25 +37,37 @@ class JobSpec:
     is_best_effort: bool = False
     """Admit even if the deadline cannot be met at the measured rate (else 409 at submission)."""
     publish_name: str | None = None
-    """The adapter name the job publishes under; None: the job's name."""
+    """The adapter name the job publishes under (given, or its YAML's); None: the job does not publish."""
     submitted_s: float = 0.0
+    deadline_tokens: float | None = None
+    """The tokens owed by deadline_s (a deadline "N tokens by T"); None: the whole job (total_tokens)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
             raise HarvestError(f"name: {self.name!r} must match {NAME_PATTERN.pattern}")
-        if self.publish_name is not None and not NAME_PATTERN.fullmatch(str(self.publish_name)):
-            raise HarvestError(f"publish_name: {self.publish_name!r} must match {NAME_PATTERN.pattern}")
+        if self.publish_name is not None and not ADAPTER_NAME_PATTERN.fullmatch(str(self.publish_name)):
+            raise HarvestError(f"publish_name: {self.publish_name!r} must match {ADAPTER_NAME_PATTERN.pattern}")
         if len(self.yaml_text.encode()) > MAX_YAML_BYTES:
             raise HarvestError(f"yaml: {len(self.yaml_text.encode())} bytes, more than {MAX_YAML_BYTES}")
         if not self.total_tokens > 0:
             raise HarvestError(f"total_tokens: {self.total_tokens!r} must be > 0")
         if self.deadline_s is not None and self.deadline_s <= self.submitted_s:
-            raise HarvestError(f"deadline_s: {self.deadline_s} is not after the submission time {self.submitted_s}")
+            raise HarvestError(f"deadline_s: {self.deadline_s:.0f} is in the past (now {self.submitted_s:.0f})")
+        if self.deadline_tokens is not None:
+            if self.deadline_s is None:
+                raise HarvestError("deadline_tokens: needs a deadline (the time the tokens are owed by)")
+            if not self.deadline_tokens > 0:
+                raise HarvestError(f"deadline_tokens: {self.deadline_tokens!r} must be > 0")
 
     @property
-    def adapter_name(self) -> str:
-        return self.publish_name or self.name
+    def tokens_due(self) -> float:
+        """The tokens owed by the deadline (all of the job's unless it owes only deadline_tokens)."""
+        return self.total_tokens if self.deadline_tokens is None else min(self.deadline_tokens, self.total_tokens)
+
+    @property
+    def adapter_name(self) -> str | None:
+        return self.publish_name
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

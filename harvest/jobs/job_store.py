@@ -9,8 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from base.errors import HarvestError
-from harvest.jobs.job_spec import JobSpec
+from harvest.jobs.job_spec import JobConflictError, JobSpec
 
 RECORD_SUFFIX = ".job.json"
 
@@ -45,12 +44,12 @@ class JobStore:
         return self.state_dir / f"{name}{RECORD_SUFFIX}"
 
     def add(self, record: JobRecord) -> None:
-        """A new job; refuses a duplicate name or one past MAX_JOBS (HarvestError, nothing written)."""
+        """A new job; refuses a duplicate name or one past MAX_JOBS (JobConflictError, nothing written)."""
         if self.path(record.spec.name).exists():
-            raise HarvestError(f"name: a job named {record.spec.name!r} already exists")
+            raise JobConflictError(f"name: a job named {record.spec.name!r} already exists")
         num_jobs = sum(1 for _ in self.state_dir.glob(f"*{RECORD_SUFFIX}"))
         if num_jobs >= self.MAX_JOBS:
-            raise HarvestError(f"the worker holds {num_jobs} jobs, the most it takes; delete finished ones first")
+            raise JobConflictError(f"the worker holds {num_jobs} jobs, the most it takes; delete finished ones first")
         self._write(record)
 
     def update(self, name: str, **changes) -> JobRecord:

@@ -21,6 +21,43 @@ import httpx
 logger = logging.getLogger(__name__)
 
 
+class AdapterTarget:
+    """The SGLang workers a job's adapter is published into, and what their LoRA flags let in: a job submitted
+    to a running worker is checked against the flags SGLang started with (they cannot change without a
+    restart), then gets a publisher of its own under its adapter name."""
+
+    def __init__(self, worker_urls: list[str], server_args) -> None:
+        self.worker_urls = list(worker_urls)
+        self._argv = _lora_argv(server_args)
+        self._is_cpu_host = server_args.device == "cpu"
+
+    def check(self, llamafactory) -> None:
+        from base.errors import HarvestError
+        from harvest.sglang.lora_flags import lora_flags_for
+
+        missing = lora_flags_for(llamafactory, self._argv, self._is_cpu_host)
+        if missing:
+            raise HarvestError(f"publish_every_steps: this worker's SGLang was started without {' '.join(missing)}, "
+                               "so it cannot load the job's adapter (restart it with them, or drop publishing)")
+
+    def publisher(self, name: str) -> "AdapterPublisher":
+        return AdapterPublisher(self.worker_urls, name)
+
+
+def _lora_argv(server_args) -> list[str]:
+    """The LoRA flags SGLang runs with, as argv (what lora_flags_for reads)."""
+    if not server_args.enable_lora:
+        return []  # the backend's default means nothing without LoRA
+    argv = ["--enable-lora"]
+    if server_args.max_lora_rank is not None:
+        argv += ["--max-lora-rank", str(server_args.max_lora_rank)]
+    if server_args.lora_target_modules:
+        argv += ["--lora-target-modules", *sorted(server_args.lora_target_modules)]
+    if server_args.lora_backend:
+        argv += ["--lora-backend", server_args.lora_backend]
+    return argv
+
+
 @dataclass(slots=True)
 class _Version:
     version: int

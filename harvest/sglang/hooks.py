@@ -152,14 +152,12 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
 
     @start_up_hook
     def after_init_info(result, scheduler, *args, **kwargs):
-        publishing = publishing_of(runtime.config)
-        if publishing is not None and serve_admin:
-            from harvest.sglang.adapter_publisher import AdapterPublisher
+        if runtime.config.finetune is not None and serve_admin:
+            from harvest.sglang.adapter_publisher import AdapterTarget
 
             args = scheduler.server_args
             host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-            runtime.publisher = AdapterPublisher([*runtime.config.publish_to, f"http://{host}:{args.port}"],
-                                                 publishing.name)
+            runtime.adapter_target = AdapterTarget([*runtime.config.publish_to, f"http://{host}:{args.port}"], args)
         if runtime.config.finetune is not None:
             from harvest.sglang.served_weights import served_weights
 
@@ -177,13 +175,13 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
     def around_load_lora_from_tensors(load, scheduler, *args, **kwargs):
         started = time.perf_counter()
         result = load(scheduler, *args, **kwargs)
-        runtime.adapter_changed("load", (time.perf_counter() - started) * 1e3)
+        runtime.adapter_changed("load", (time.perf_counter() - started) * 1e3, _lora_name(args))
         return result
 
     def around_unload_lora(unload, scheduler, *args, **kwargs):
         started = time.perf_counter()
         result = unload(scheduler, *args, **kwargs)
-        runtime.adapter_changed("unload", (time.perf_counter() - started) * 1e3)
+        runtime.adapter_changed("unload", (time.perf_counter() - started) * 1e3, _lora_name(args))
         return result
 
     def around_run_batch(run_batch, scheduler, batch, *args, **kwargs):
@@ -250,16 +248,9 @@ def around_can_run(can_run, graph_runner, forward_batch, *args, **kwargs):
     return groups is None or groups.can_replay(forward_batch.batch_size)
 
 
-def publishing_of(config: ServeConfig):
-    """The job's Publishing (harvest.finetune.publishing), None without a job or when it does not publish."""
-    if config.finetune is None or config.finetune.yaml_path is None:
-        return None
-    import yaml
-
-    from harvest.finetune.publishing import split_harvest_keys
-
-    with open(config.finetune.yaml_path) as f:
-        return split_harvest_keys(yaml.safe_load(f))[1]
+def _lora_name(args) -> str | None:
+    """The adapter named by SGLang's load or unload request (its first argument)."""
+    return getattr(args[0], "lora_name", None) if args else None
 
 
 def kv_lending_unsupported(runner) -> str | None:

@@ -13,6 +13,7 @@ import os
 import warnings
 
 from base.errors import HarvestError
+from base.argv import flag_value, has_flag
 from harvest.config import ServeConfig
 
 logger = logging.getLogger(__name__)
@@ -69,17 +70,6 @@ def worker_flags(is_cpu_host: bool, has_job: bool) -> dict[str, list[str]]:
     return {**host_flags(is_cpu_host), **(JOB_FLAGS if has_job else {}), **LONE_WORKER_FLAGS}
 
 
-def has_flag(argv: list[str], flag: str) -> bool:
-    return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def build_sglang_argv(model_path: str, passthrough: list[str], is_cpu_host: bool, *, has_job: bool) -> list[str]:
@@ -92,14 +82,6 @@ def build_sglang_argv(model_path: str, passthrough: list[str], is_cpu_host: bool
             argv += [flag, *values]
     return argv
 
-
-def port_flag(argv: list[str], flag: str, default: int) -> int:
-    value = flag_value(argv, flag)
-    if value is None:
-        return default
-    if not value.isdigit() or not 0 < int(value) < 65536:
-        raise HarvestError(f"{flag} {value!r} is not a TCP port (1-65535)")
-    return int(value)
 
 
 class _RaisingParser(argparse.ArgumentParser):

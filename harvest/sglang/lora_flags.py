@@ -2,7 +2,7 @@
 `publish_name` in the job YAML): set from the job, refused where the user's own flags conflict."""
 
 from base.errors import HarvestError
-from harvest.sglang.launcher import flag_value, has_flag
+from base.argv import flag_value, has_flag
 
 # SGLang 0.5.12's LoRA backends that run without CUDA kernels; triton and csgmv need a GPU.
 CPU_LORA_BACKEND = "torch_native"
