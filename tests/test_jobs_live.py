@@ -16,8 +16,10 @@ from conftest import free_port
 
 from harvest.finetune.checkpoint_store import CheckpointStore
 from harvest.finetune.demo.tiny_job import write_tiny_job
+from harvest.replay.live_replay import LiveReplay
 from harvest.worker.client import prefilled_request, wait_for_stats
 from harvest.worker.process import WorkerProcess
+from traces.trace_loader import load_trace
 
 pytestmark = pytest.mark.sglang
 
@@ -112,23 +114,17 @@ def test_bad_submissions_are_refused_and_leave_the_set_as_it_was(worker, work):
     assert httpx.delete(f"{worker.admin_url}/harvest/jobs/anchor", headers=AUTH, timeout=300).status_code == 200
 
 
-def test_two_jobs_train_and_publish_and_one_is_cancelled_under_requests(worker, work):
-    failures, done = [], threading.Event()
+def test_two_jobs_train_and_publish_and_one_is_cancelled_under_a_replay(worker, work):
+    """Trace windows replayed back to back (harvest's live replay) from submission to after the cancel."""
+    results, done = [], threading.Event()
 
-    def requests_loop():
-        room = 1000
+    def replay():
         while not done.is_set():
-            room += 1
-            try:
-                response = httpx.post(f"{worker.url}/generate", json=prefilled_request([3, 4, 5, 6], 8, room),
-                                      timeout=120)
-                if response.status_code != 200:
-                    failures.append(response.text)
-            except httpx.HTTPError as e:
-                failures.append(str(e))
+            results.append(LiveReplay(worker.url, worker.admin_url, TPOT_SLO_MS, max_concurrency=8).run(
+                load_trace("poisson:rate=4,duration=6,seed=3").cap_lengths(32, 16))["policies"]["live"]["decode"])
 
-    sender = threading.Thread(target=requests_loop, daemon=True)
-    sender.start()
+    replaying = threading.Thread(target=replay, daemon=True)
+    replaying.start()
     try:
         for name in ("alpha", "beta"):
             response = submit(worker, name, job_yaml(work, name, publish_every_steps=5, save_steps=5),
@@ -158,8 +154,10 @@ def test_two_jobs_train_and_publish_and_one_is_cancelled_under_requests(worker, 
             in metrics
     finally:
         done.set()
-        sender.join(150)
-    assert failures == []
+        replaying.join(150)
+    assert results  # every window replayed, the last one finished after the cancel
+    assert sum(r["num_tokens_returned"] for r in results) == sum(r["num_tokens_asked"] for r in results)
+    assert [(r["num_failed_requests"], r["num_unfinished_requests"]) for r in results] == [(0, 0)] * len(results)
 
 
 def kill_tree(worker) -> None:
