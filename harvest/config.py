@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from base.errors import HarvestError
 from harvest.finetune.finetune_config import FinetuneConfig
+from harvest.fleet.fleet_config import FleetConfig
 
 
 class Colocation(enum.Enum):
@@ -54,6 +55,8 @@ class ServeConfig:
     """What every co-located job runs with (device, unit bound, window): set where the worker finetunes
     (`--tpot-slo-ms`), its yaml_path the job submitted at start (`--finetune CFG.yaml`, else None: jobs come
     through the admin API); None serves only."""
+    fleet: FleetConfig | None = None
+    """The fleet the `--finetune` job trains with (`--fleet`); None: it trains alone."""
     job_quantum_s: float = 30.0
     """Unit time a job trains before another of equal standing takes its turn (`--job-quantum-s`): each switch
     re-fetches the incoming job's window, so a turn must be long against that."""
@@ -91,6 +94,8 @@ class ServeConfig:
             raise HarvestError(f"stats window must hold at least one step, got {self.stats_window_steps}")
         if self.finetune is not None and self.tpot_slo_ms is None:
             raise HarvestError("--finetune needs --tpot-slo-ms: the decode latency target finetuning must respect")
+        if self.fleet is not None and (self.finetune is None or self.finetune.yaml_path is None):
+            raise HarvestError("--fleet needs --finetune: the job the fleet trains")
         if not self.job_quantum_s > 0:
             raise HarvestError(f"--job-quantum-s must be > 0, got {self.job_quantum_s}")
         if self.jobs_dir is not None and self.finetune is None:

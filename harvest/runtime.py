@@ -7,6 +7,7 @@ reduced to a `DecodeStep`, so nothing here depends on SGLang.
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 
@@ -19,6 +20,9 @@ PREEMPTION_BOUND_SHARE = 0.25
 """Units are cut to this share of the TPOT target where no shorter bound applies (no profile, or a spatial
 worker, whose finetune partition a step takes back by waiting for the unit in flight): the step that waits
 keeps three quarters of its target for decode."""
+
+FLEET_BUILD_S = 600.0
+"""The longest a fleet worker's start waits for its job's engine to be built, before the join's own timeout."""
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +44,8 @@ class HarvestRuntime:
         self._running: dict[int, DecodeStep] = {}
         self._admin_server = None
         self.jobs = None
+        self._fleet_job = None
+        """The name of the job that trains with the fleet (--fleet): the --finetune job."""
         """The worker's job set (harvest.jobs.worker_jobs.WorkerJobs), built at start on a finetuning worker."""
         self.adapter_target = None
         """Where a job publishes its adapter (harvest.sglang.adapter_publisher.AdapterTarget; hooks sets it)."""
@@ -148,7 +154,11 @@ class HarvestRuntime:
             self.controller = _build_controller(self.config, self.profile, planner, partitions, self.lender,
                                                 JobSet(fair_share_quantum_ms=self.config.job_quantum_s * 1e3))
             self.jobs = self._worker_jobs(_job_config(self.config, planner, partitions, device_index))
-            self.jobs.start(_initial_job(self.config.finetune))
+            initial = _initial_job(self.config.finetune)
+            self._fleet_job = None if self.config.fleet is None else initial["name"]
+            self.jobs.start(initial)
+            if self._fleet_job is not None:
+                self._wait_joined(self.jobs.job_set.members[self._fleet_job].job)
         if serve_admin:
             from harvest.admin.admin_app import AdminServer
 
@@ -168,15 +178,28 @@ class HarvestRuntime:
 
     def _make_job(self, spec, job_config):
         """The FinetuneJob of an admitted job, its engine building in the background, publishing under its
-        adapter name where it publishes."""
+        adapter name where it publishes; the --fleet job trains its data shard and joins the fleet once built."""
         from harvest.colocation import FinetuneJob
 
+        fleet_join = None
+        if spec.name == self._fleet_job:
+            from harvest.fleet.fleet_member import join_fleet
+
+            job_config = dataclasses.replace(job_config, data_shard=self.config.fleet.data_shard)
+            fleet_join = functools.partial(join_fleet, config=self.config.fleet)
         job = FinetuneJob(job_config, weight_memory=None if self.lender is None else self.lender.weight_memory,
-                          served_weights=self.served_weights)
+                          served_weights=self.served_weights, fleet_join=fleet_join)
         if spec.publish_name is not None and self.adapter_target is not None:
             job.publisher = self.adapter_target.publisher(spec.publish_name)
         job.start()
         return job
+
+    def _wait_joined(self, job) -> None:
+        """A fleet worker starts only once its job is built and in the fleet: a wrong fleet (another job or base
+        model, no quorum in time) fails the start with the reason, not a job that failed inside a running worker."""
+        if not job.wait_built(self.config.fleet.timeout_s + FLEET_BUILD_S) or job.fleet is None:
+            raise HarvestError(f"--fleet {self.config.fleet.lighthouse}: the job did not join the fleet"
+                               + (f": {job.error}" if job.error else f" within {self.config.fleet.timeout_s:.0f} s"))
 
     def _check_fit(self, spec, llamafactory) -> None:
         """What only this worker knows of a submitted job: its memory floor, and whether SGLang can load its

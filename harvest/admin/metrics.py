@@ -55,6 +55,15 @@ class HarvestMetrics:
                                registry=r)
         self.job_published_version = Gauge("harvest_job_published_version", "Version of a job's adapter this "
                                            "worker serves (0: none yet)", ["job"], registry=r)
+        self.fleet_round = Gauge("harvest_fleet_round", "The fleet's committed rounds as this worker last applied "
+                                 "them (its adapter's version)", registry=r)
+        self.fleet_members = Gauge("harvest_fleet_members", "Members of the last round", registry=r)
+        self.fleet_tokens = Gauge("harvest_fleet_tokens_contributed", "Tokens this worker's committed rounds "
+                                  "carried", registry=r)
+        self.fleet_sync = Gauge("harvest_fleet_sync_seconds_total", "Round communication time on the fleet "
+                                "thread", registry=r)
+        self.fleet_staleness = Gauge("harvest_fleet_staleness_steps", "Optimizer steps trained while the last "
+                                     "round was in flight", registry=r)
         self.allocator = AllocatorMetrics(r)
 
     def record_step(self, step: DecodeStep) -> None:
@@ -86,6 +95,13 @@ class HarvestMetrics:
             for part in ("snapshot_ms", "load_ms"):
                 if published[part] is not None:
                     self.publish_cost.labels(part.removesuffix("_ms")).set(published[part] / 1e3)
+        fleet = job_stats.get("fleet")
+        if fleet is not None:
+            self.fleet_round.set(fleet["round"])
+            self.fleet_members.set(fleet["members"])
+            self.fleet_tokens.set(fleet["tokens_contributed"])
+            self.fleet_sync.set(fleet["sync_ms_total"] / 1e3)
+            self.fleet_staleness.set(fleet["staleness"])
         split = controller_stats.get("split")
         if split is not None:
             self.split_sms.labels("decode").set(split["infer_sms"])

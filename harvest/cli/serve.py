@@ -60,6 +60,17 @@ def add_parser(subparsers) -> None:
                             help="frozen-weight layers resident at once (default: all)")
     colocation.add_argument("--finetune-resume", action="store_true",
                             help="continue the job from its last checkpoint in output_dir")
+    fleet = parser.add_argument_group("a fleet training one adapter (torchft)")
+    fleet.add_argument("--fleet", metavar="LIGHTHOUSE_URL", default=None,
+                       help="train the --finetune job with the other workers of this torchft lighthouse: every round "
+                       "their adapters' changes are averaged, weighted by tokens trained, and each serves the result")
+    fleet.add_argument("--replica-id", default=None, help="this worker's name in the fleet (unique among live members)")
+    fleet.add_argument("--fleet-shard", metavar="K/N", default=None,
+                       help="train shard K of N of the job's dataset (each member its own)")
+    fleet.add_argument("--fleet-round-tokens", type=int, default=None,
+                       help="start a round after this many tokens trained (default: every 60 s)")
+    fleet.add_argument("--fleet-round-s", type=float, default=None, help="start a round after this many seconds")
+    fleet.add_argument("--fleet-min-members", type=int, default=1, help="members a round waits for (default 1)")
     colocation.add_argument("--job-quantum-s", type=float, default=30.0,
                             help="unit seconds a job trains before another of the same deadline standing and "
                             "priority takes its turn (default 30; each switch re-fetches the incoming job's window)")
@@ -92,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         admin=AdminConfig(host=args.admin_host, port=args.admin_port, token=args.admin_token),
         finetune=finetune,
         jobs_dir=args.jobs_dir,
+        fleet=_fleet_config(args),
         job_quantum_s=args.job_quantum_s,
         tpot_slo_ms=args.tpot_slo_ms,
         profile_path=args.profile,
@@ -106,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
     if config.profile_path is not None:
         _check_profile(config, args.allow_synthetic_profile)
     _check_core_partitions(config)
+    if config.fleet is not None:
+        from harvest.fleet.lighthouse import check_lighthouse
+
+        check_lighthouse(config.fleet.lighthouse, config.fleet.replica_id)
     # Ports first: the cheapest check, before SGLang is imported (SGLang's defaults: 127.0.0.1:30000).
     check_port_free(flag_value(args.passthrough, "--host") or "127.0.0.1",
                     port_flag(args.passthrough, "--port", 30000), "--port")
@@ -149,6 +165,26 @@ def _finetune_config(args: argparse.Namespace, model_path):
         return config, None
     llamafactory = check_job(args.finetune, config, resume_flag=SERVE_FLAGS["resume"])
     return config, llamafactory
+
+
+def _fleet_config(args: argparse.Namespace):
+    """The --fleet flags as a FleetConfig; None without --fleet (and then no other fleet flag may be given)."""
+    from base.errors import HarvestError
+    from harvest.fleet import RoundPolicy
+    from harvest.fleet.fleet_config import FleetConfig, parse_shard
+
+    if args.fleet is None:
+        given = [flag for flag, value in (("--replica-id", args.replica_id), ("--fleet-shard", args.fleet_shard),
+                                          ("--fleet-round-tokens", args.fleet_round_tokens),
+                                          ("--fleet-round-s", args.fleet_round_s)) if value is not None]
+        if given:
+            raise HarvestError(f"{given[0]} needs --fleet: the lighthouse of the fleet it configures")
+        return None
+    if args.replica_id is None:
+        raise HarvestError("--fleet needs --replica-id: this worker's name in the fleet")
+    every_s = args.fleet_round_s if args.fleet_round_s is not None or args.fleet_round_tokens is not None else 60.0
+    return FleetConfig(args.fleet, args.replica_id, parse_shard(args.fleet_shard),
+                       RoundPolicy(args.fleet_round_tokens, every_s), args.fleet_min_members)
 
 
 def _check_profile(config: ServeConfig, allow_synthetic: bool) -> None:

@@ -45,11 +45,13 @@ HELD_MEMORY_STATS = ("window", "resident_layers", "resident_bytes", "frozen_byte
 class FinetuneJob:
     STARVED_AFTER_S = 2.0
 
-    def __init__(self, config: FinetuneConfig, engine_factory=None, weight_memory=None, served_weights=None):
+    def __init__(self, config: FinetuneConfig, engine_factory=None, weight_memory=None, served_weights=None,
+                 fleet_join=None):
         """`weight_memory`: where the engine's resident frozen weights live (KV chunks lent by the worker's
         unified allocator); None: torch's allocator. `served_weights`: the worker's resident weights
         (harvest.finetune.base_weights.ServedWeights), computed on in place when the job's base model is the
-        served model."""
+        served model. `fleet_join(engine) -> (FleetSync, tensor names)`: join the job's fleet once the engine
+        is built (`harvest serve --fleet`); None: the job trains alone."""
         self.config = config
         self._engine_factory = engine_factory or functools.partial(_build_engine, weight_memory=weight_memory,
                                                                    served_weights=served_weights)
@@ -76,6 +78,11 @@ class FinetuneJob:
         self._is_publish_due = False
         """A version is due (a step end hit publish_every_steps, or the admin asked): the next unit is the
         snapshot ("publish"), which the controller fits in slack like any unit (scheduler thread)."""
+        self._fleet_join = fleet_join
+        self.fleet = None
+        """The job's FleetSync (harvest.fleet) once joined: rounds start and apply at optimizer-step ends."""
+        self._fleet_names: list[str] = []
+        self._step_tokens = 0
         self._builder = threading.Thread(target=self._build, name="harvest-finetune-build", daemon=True)
 
     @property
@@ -105,6 +112,8 @@ class FinetuneJob:
             self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
             if self.config.resume:
                 logger.info("harvest: finetune job resumed at step %d", self.engine.global_step)
+            if self._fleet_join is not None:
+                self.fleet, self._fleet_names = self._fleet_join(self.engine)
             self._refresh_stats()
             self._phase = FinetuneState.RUNNING
             self._refresh_readiness()
@@ -173,9 +182,11 @@ class FinetuneJob:
         self._last_unit_s = time.monotonic()
         self._num_units += 1
         self._num_tokens += result.num_trained_tokens
+        self._step_tokens += result.num_trained_tokens
         self._unit_ms_total += result.duration_ms
         if result.is_step_end:
             self._num_samples += self._samples_per_step
+            self._fleet_step_end()
             self._refresh_stats()
             every = self.publish_every_steps
             if every is not None and self.engine.global_step % every == 0:
@@ -194,8 +205,31 @@ class FinetuneJob:
 
     @property
     def publish_every_steps(self) -> int | None:
+        """None in a fleet: what it publishes is the fleet's adapter, after each round."""
         publishing = self.engine.llamafactory.publishing if self.engine is not None else None
-        return None if publishing is None or self.publisher is None else publishing.every_steps
+        if publishing is None or self.publisher is None or self.fleet is not None:
+            return None
+        return publishing.every_steps
+
+    def _fleet_step_end(self) -> None:
+        """Hand the step's tokens to the fleet (a round may start on its thread); after a round is applied, its
+        writer checkpoints the fleet's adapter and every member publishes it (the round is its version)."""
+        tokens, self._step_tokens = self._step_tokens, 0
+        if self.fleet is None:
+            return
+        applied = self.fleet.on_step_end(tokens)
+        if applied is None or not applied.committed:
+            return
+        if applied.is_writer:
+            from harvest.fleet.replica import write_round_checkpoint
+
+            write_round_checkpoint(self._fleet_adapter(), applied.round,
+                                   self.engine.llamafactory.output_dir / "fleet-rounds")
+        if self.publisher is not None:
+            self._is_publish_due = True
+
+    def _fleet_adapter(self) -> dict:
+        return dict(zip(self._fleet_names, self.fleet.base_tensors()))
 
     def _publish_unit(self):
         """The "publish" unit: snapshot the adapter and hand it to the publisher, whose thread serializes it
@@ -207,9 +241,12 @@ class FinetuneJob:
         self._is_publish_due = False
         started = time.perf_counter()
         try:
-            tensors = adapter_tensors(self.engine.peft_model)
-            self.publisher.publish(
-                tensors, adapter_config_dict(self.engine.peft_model), self.engine.global_step, started)
+            if self.fleet is None:
+                tensors, fleet_round = adapter_tensors(self.engine.peft_model), None
+            else:
+                tensors, fleet_round = self._fleet_adapter(), self.fleet.last.round
+            self.publisher.publish(tensors, adapter_config_dict(self.engine.peft_model), self.engine.global_step,
+                                   started, fleet_round)
         except Exception as e:  # noqa: BLE001 - a failed publish must not stop training or serving
             logger.error("harvest: snapshotting the adapter for publishing failed: %s", e)
         duration_ms = (time.perf_counter() - started) * 1e3
@@ -270,6 +307,7 @@ class FinetuneJob:
             "samples": self._num_samples,
             **self._stats,
             "published": None if self.publisher is None else self.publisher.stats(),
+            **({} if self.fleet is None else {"fleet": self.fleet.stats()}),
         }
 
     # ---- internals ----
@@ -318,6 +356,11 @@ class FinetuneJob:
         """Drop the engine so its memory (weights, activations, optimizer state) goes back; its resident
         window is evicted first, so memory lent from KV is freed into the allocator, not leaked."""
         device = self.config.device
+        if self.fleet is not None:
+            try:
+                self.fleet.close()  # the round in flight is applied or dropped; the member leaves the fleet
+            except Exception:  # noqa: BLE001 - a broken fleet link is dropped all the same
+                logger.exception("harvest: leaving the fleet")
         if self.engine is not None:
             try:
                 self.engine.set_window(0)

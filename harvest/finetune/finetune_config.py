@@ -23,6 +23,9 @@ class FinetuneConfig:
     parsed YAML instead)."""
     model_path: str | None = None
     """Overrides the YAML's model_name_or_path (the worker's own model)."""
+    data_shard: tuple[int, int] | None = None
+    """(K, N): train on shard K of N of the dataset (contiguous, as `datasets.Dataset.shard`), a fleet worker's
+    share; None: all of it."""
     served_model_path: str | None = None
     """The model the worker serves (`harvest serve`): the job shares its weights only if it is the same
     model (harvest.finetune.base_weights); None: a job outside a worker."""
@@ -34,5 +37,7 @@ class FinetuneConfig:
             raise ValueError(f"max_unit_ms must be > 0 or None, got {self.max_unit_ms}")
         if self.max_slice_rows is not None and self.max_slice_rows < 1:
             raise ValueError(f"max_slice_rows must be >= 1 or None, got {self.max_slice_rows}")
+        if self.data_shard is not None and not 0 <= self.data_shard[0] < self.data_shard[1]:
+            raise ValueError(f"data_shard must be (K, N) with 0 <= K < N, got {self.data_shard}")
         if not self.log_name or "/" in self.log_name:
             raise ValueError(f"log_name must be a plain file name, got {self.log_name!r}")

@@ -352,7 +352,7 @@ class FinetuneEngine:
 
     def _build(self, llamafactory: LlamaFactoryArgs, weight_memory: WeightMemory | None,
                served_weights: ServedWeights | None) -> None:
-        setup = TrainingSetup.build(llamafactory)
+        setup = TrainingSetup.build(llamafactory, self.config.data_shard)
         self.base_weights = base_weight_mode(llamafactory.raw["model_name_or_path"], self.config.served_model_path,
                                              served_weights, setup.peft_model, self.device)
         self.setup = setup

@@ -34,7 +34,8 @@ class TrainingSetup:
     autocast_dtype: torch.dtype | None
 
     @classmethod
-    def build(cls, llamafactory: LlamaFactoryArgs) -> "TrainingSetup":
+    def build(cls, llamafactory: LlamaFactoryArgs, data_shard: tuple[int, int] | None = None) -> "TrainingSetup":
+        """`data_shard` (K, N): the Trainer sees shard K of N of the tokenized dataset (a fleet worker's share)."""
         from llamafactory.data import (
             SFTDataCollatorWith4DAttentionMask,
             get_dataset,
@@ -51,6 +52,12 @@ class TrainingSetup:
         tokenizer = tokenizer_module["tokenizer"]
         template = get_template_and_fix_tokenizer(tokenizer, data_args)
         dataset_module = get_dataset(template, model_args, data_args, training_args, stage="sft", **tokenizer_module)
+        if data_shard is not None:
+            index, num_shards = data_shard
+            dataset = dataset_module["train_dataset"]
+            if len(dataset) < num_shards:
+                raise ValueError(f"the dataset has {len(dataset)} samples, fewer than the {num_shards} shards")
+            dataset_module = {**dataset_module, "train_dataset": dataset.shard(num_shards, index, contiguous=True)}
         model = load_model(tokenizer, model_args, llamafactory.finetuning_args, is_trainable=True)
         collator = SFTDataCollatorWith4DAttentionMask(
             template=template,

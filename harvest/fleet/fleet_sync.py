@@ -8,6 +8,7 @@ is applied, the steps trained meanwhile stay on top of the new base (their count
 A worker that joins or restarts takes the base from a live peer (torchft's healing) before it trains.
 """
 
+import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from base.errors import HarvestError
 from harvest.fleet import adapter_delta
 from harvest.fleet.round_policy import RoundPolicy
 
@@ -36,6 +38,8 @@ class RoundResult:
     """Optimizer steps this worker trained while the round was in flight, kept on top of the new base."""
     is_writer: bool
     """This worker is the round's first member: the one that checkpoints the fleet's adapter."""
+    is_foreign: bool = False
+    """A member of the round had another job fingerprint: nobody applied it."""
 
 
 def make_manager(lighthouse_addr: str, replica_id: str, min_members: int, timeout_s: float, state_fns):
@@ -55,12 +59,18 @@ def make_manager(lighthouse_addr: str, replica_id: str, min_members: int, timeou
     return manager, store
 
 
+logger = logging.getLogger(__name__)
+
+
 class FleetSync:
     def __init__(self, params: list[torch.Tensor], policy: RoundPolicy, lighthouse_addr: str, replica_id: str,
-                 min_members: int = 1, timeout_s: float = 30.0) -> None:
+                 min_members: int = 1, timeout_s: float = 30.0, fingerprint: int = 0) -> None:
         """`params`: the adapter's trainable tensors, the same order on every worker. Joins the fleet now
-        (blocks until a round with min_members forms), taking the fleet's adapter if it is behind."""
+        (blocks until a round with min_members forms), taking the fleet's adapter if it is behind.
+        `fingerprint`: what must be equal on every member (job_fingerprint: the base model, the adapter's
+        shapes, the training settings); a member whose first round finds another is refused (HarvestError)."""
         self.params = params
+        self.fingerprint = fingerprint
         self.policy = policy
         self.replica_id = replica_id
         self._base = adapter_delta.flatten(params)
@@ -75,10 +85,15 @@ class FleetSync:
         self._tokens = 0
         self._round_started = time.monotonic()
         self.last: RoundResult | None = None
+        self._checksum = _checksum(self._base)
         self.tokens_contributed = 0
         self.sync_ms_total = 0.0
         self._start_round(0)
-        self.wait()
+        first = self.wait()
+        if first is not None and first.is_foreign:
+            self.close()
+            raise HarvestError(f"the fleet at {lighthouse_addr} trains another job or base model than this worker "
+                               "(their job fingerprints differ): give every member the same job and --model-path")
 
     # ---- torchft's healing: the state a live peer sends a joining one ----
 
@@ -134,6 +149,7 @@ class FleetSync:
             "sync_ms_total": self.sync_ms_total,
             "staleness": last.staleness if last else 0,
             "in_flight": self._in_flight is not None,
+            "adapter_checksum": self._checksum,
         }
 
     # ---- a round ----
@@ -147,8 +163,10 @@ class FleetSync:
         buffer = adapter_delta.weighted_buffer(self._sent - self._base, tokens)
         self._in_flight = self._thread.submit(self._communicate, buffer)
 
-    def _communicate(self, buffer: torch.Tensor) -> tuple[torch.Tensor, bool, int, bool, float]:
-        """On the fleet thread: quorum (a behind member heals here), the all-reduce, the commit vote."""
+    def _communicate(self, buffer: torch.Tensor) -> tuple[torch.Tensor, bool, int, bool, float, bool]:
+        """On the fleet thread: quorum (a behind member heals here), the fingerprints' all-reduce, the delta's,
+        the commit vote. Every member sums (f, f^2): all fingerprints are equal iff sum^2 == members * sum of
+        squares; if not, every member skips the delta (whose size may differ) and votes the round down."""
         from torch.distributed import ReduceOp
 
         started = time.perf_counter()
@@ -156,13 +174,23 @@ class FleetSync:
         manager.start_quorum()
         if self._healed:
             buffer.zero_()  # its change was made on an adapter the fleet has moved past: it adds nothing
-        manager.allreduce(buffer, reduce_op=ReduceOp.SUM).wait()
-        committed = manager.should_commit()
+        fingerprints = torch.tensor([float(self.fingerprint), float(self.fingerprint) ** 2], dtype=torch.float64)
+        manager.allreduce(fingerprints, reduce_op=ReduceOp.SUM).wait()
+        members = manager.num_participants()
+        is_foreign = fingerprints[0].item() ** 2 != members * fingerprints[1].item()
+        if is_foreign:
+            manager.report_error(HarvestError("a member of the round trains another job or base model"))
+        else:
+            manager.allreduce(buffer, reduce_op=ReduceOp.SUM).wait()
+        committed = manager.should_commit() and not is_foreign
         is_writer = manager.participating_rank() == 0
-        return buffer, committed, manager.num_participants(), is_writer, (time.perf_counter() - started) * 1e3
+        return buffer, committed, members, is_writer, (time.perf_counter() - started) * 1e3, is_foreign
 
     def _apply(self) -> RoundResult:
-        summed, committed, members, is_writer, sync_ms = self._in_flight.result()
+        summed, committed, members, is_writer, sync_ms, is_foreign = self._in_flight.result()
+        if is_foreign and self.last is not None:
+            logger.warning("harvest fleet: a member with another job or base model joined round %d: not applied",
+                           self._manager.current_step())
         self._in_flight = None
         fleet_tokens = 0
         if committed:
@@ -175,10 +203,18 @@ class FleetSync:
             else:
                 adapter_delta.assign(self.params, adapter_delta.flatten(self.params) - self._sent + new_base)
             self._base = new_base
+            self._checksum = _checksum(new_base)
             self.tokens_contributed += self._sent_tokens
         else:
             self._tokens += self._sent_tokens  # the change is still unsent: the next round carries it
         self.sync_ms_total += sync_ms
         self.last = RoundResult(self._manager.current_step(), committed, members, self._sent_tokens if committed
-                                else 0, fleet_tokens, sync_ms, self._steps_in_flight, is_writer)
+                                else 0, fleet_tokens, sync_ms, self._steps_in_flight, is_writer, is_foreign)
         return self.last
+
+
+def _checksum(flat: torch.Tensor) -> list[float]:
+    """Sum and sum of squares of the fleet's adapter (float64): members holding the same adapter show the same
+    two numbers in their stats; cheaper than hashing its bytes at every round."""
+    wide = flat.to(torch.float64)
+    return [round(wide.sum().item(), 9), round(wide.square().sum().item(), 9)]

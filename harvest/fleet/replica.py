@@ -11,13 +11,9 @@ from safetensors.torch import save_file
 
 from harvest.finetune import FinetuneEngine
 from harvest.finetune.publishing import adapter_tensors
+from harvest.fleet.fleet_member import trainable_named_params
 from harvest.fleet.fleet_sync import FleetSync
 from harvest.fleet.round_policy import RoundPolicy
-
-
-def trainable_named_params(engine: FinetuneEngine) -> dict[str, torch.Tensor]:
-    """The adapter's tensors under PEFT's saved names (without the adapter's name, as adapter_tensors)."""
-    return {name.replace(".default", ""): p for name, p in engine.peft_model.named_parameters() if p.requires_grad}
 
 
 def run_replica(job_path: str | Path, lighthouse_addr: str, replica_id: str, policy: RoundPolicy,

@@ -62,6 +62,7 @@ def _lora_argv(server_args) -> list[str]:
 class _Version:
     version: int
     step: int
+    fleet_round: int | None
     tensors: dict
     config_dict: dict
 
@@ -77,7 +78,7 @@ class AdapterPublisher:
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
         self._num_requested = 0
-        self._stats = {"name": name, "version": 0, "step": None, "published_utc": None, "snapshot_ms": None,
+        self._stats = {"name": name, "version": 0, "step": None, "fleet_round": None, "published_utc": None, "snapshot_ms": None,
                        "load_ms": None, "num_published": 0, "num_dropped": 0, "num_failed": 0,
                        "scheduler_ms_total": 0.0, "error": None}
         self._thread = threading.Thread(target=self._serve, name="harvest-publish", daemon=True)
@@ -85,7 +86,8 @@ class AdapterPublisher:
 
     # ---- scheduler thread ----
 
-    def publish(self, tensors: dict, config_dict: dict, step: int, snapshot_started_s: float) -> int:
+    def publish(self, tensors: dict, config_dict: dict, step: int, snapshot_started_s: float,
+                fleet_round: int | None = None) -> int:
         """Queue this adapter (host copies nothing else holds) as the next version (an older one not yet sent
         is dropped); returns its number. The caller timed the snapshot from `snapshot_started_s`; serializing
         happens in the publishing thread, off the scheduler thread."""
@@ -99,7 +101,7 @@ class AdapterPublisher:
                 self._stats["num_dropped"] += 1  # a newer version came before the older one was sent
         except queue.Empty:
             pass
-        self._pending.put(_Version(version, step, tensors, config_dict))
+        self._pending.put(_Version(version, step, fleet_round, tensors, config_dict))
         return version
 
     def note_scheduler_ms(self, verb: str, duration_ms: float) -> None:
@@ -143,7 +145,8 @@ class AdapterPublisher:
                 if error is not None:
                     self._stats["num_failed"] += 1
                 else:
-                    self._stats.update(version=item.version, step=item.step, num_published=self._stats["num_published"] + 1,
+                    self._stats.update(version=item.version, step=item.step, fleet_round=item.fleet_round,
+                                       num_published=self._stats["num_published"] + 1,
                                        published_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
                 self._done.notify_all()
 
