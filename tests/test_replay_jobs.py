@@ -137,3 +137,8 @@ def test_synthetic_spec_parses_and_draws_deterministically():
     assert all(a.deadline_s is None or a.deadline_s > a.arrival_s for a in arrivals)
     with pytest.raises(HarvestError, match="not a number"):
         load_jobs("synthetic:12,load=high")
+
+
+def test_jobs_on_a_trace_with_no_harvest_are_refused(simulation, trace):
+    with pytest.raises(HarvestError, match="^--jobs: the harvest policy trained 0 tokens/s"):
+        run_jobs(simulation, trace, SyntheticJobs(4), harvest_tokens_per_s=0.0)

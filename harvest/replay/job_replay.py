@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from base.errors import HarvestError
 from harvest.replay.colocation_policies import HarvestPolicy
 from harvest.replay.decode_simulator import DecodeSimulator
 from harvest.replay.job_trace import JobArrival, SyntheticJobs
@@ -36,6 +37,9 @@ class JobReplay:
         """`simulation`: the ReplaySimulation (profile, memory, rates, config); `harvest_tokens_per_s`: the
         single-job harvest policy's decode-device rate on this trace (sizes a synthetic trace; the sets'
         prior rate)."""
+        if not (harvest_tokens_per_s > 0 and trace.duration_s > 0):
+            raise HarvestError(f"--jobs: the harvest policy trained {harvest_tokens_per_s:.0f} tokens/s over "
+                               f"{trace.duration_s:.0f} s of requests: no harvest to run jobs on")
         arrivals = self.arrivals(harvest_tokens_per_s, trace.duration_s)
         rows = {p: self.run_policy(simulation, trace, arrivals, p, harvest_tokens_per_s) for p in JOB_POLICIES}
         return {
