@@ -142,3 +142,23 @@ def test_synthetic_spec_parses_and_draws_deterministically():
 def test_jobs_on_a_trace_with_no_harvest_are_refused(simulation, trace):
     with pytest.raises(HarvestError, match="^--jobs: the harvest policy trained 0 tokens/s"):
         run_jobs(simulation, trace, SyntheticJobs(4), harvest_tokens_per_s=0.0)
+
+
+def test_a_one_partition_profile_runs_the_jobs_in_temporal_slices():
+    """No co-run model: the temporal controller drives the set, its units in the slices and idle loops only."""
+    from predictor.finetune_throughput import FinetuneThroughput
+    from predictor.partition_grid import PartitionGrid
+    from predictor.sampling_plan import SamplingPlan
+    from predictor.synthetic_device import SyntheticDevice
+
+    grid = PartitionGrid.from_name("cpu")
+    device = SyntheticDevice(grid, b0_ms=0.5, c0_ms=30.0, k0_ms=2e-4)
+    profile = Profile.build(device.measure(SamplingPlan(grid, 32, 2048).fit_points), grid,
+                            device_name="synthetic-cpu", model="m", finetune_config_id="f", samples_path="synthetic",
+                            finetune_throughput=(FinetuneThroughput(1, 400.0, None, 25.0),))
+    simulation = ReplaySimulation(profile, DeviceMemory.from_name("cpu-smollm2-135m"),
+                                  ReplayConfig(policies=("harvest",), tpot_slo_ms=100.0))
+    trace = load_trace("poisson:rate=2,duration=120,seed=0").cap_lengths(512, 64)
+    rows = run_jobs(simulation, trace, SyntheticJobs(10, 0.9, 2), harvest_tokens_per_s=230.0)["policies"]
+    assert all(row["num_jobs_finished"] == 10 and row["tokens_trained"] > 0 for row in rows.values())
+    assert rows["one-at-a-time"]["makespan_s"] > rows["fifo"]["makespan_s"]  # the restarts between jobs
