@@ -9,13 +9,6 @@ import pytest
 from base.errors import HarvestError
 from harvest.jobs import JobSet, JobSpec, JobStore
 from harvest.jobs.job_set import DeadlineError
-from harvest.replay.job_simulation import (
-    JobArrival,
-    load_job_trace,
-    main,
-    simulate,
-    synthetic_job_trace,
-)
 from harvest.jobs.job_store import JobRecord
 from harvest.replay.simulated_job import SimClock, SimulatedJob
 
@@ -224,34 +217,6 @@ def test_state_with_nothing_to_run():
 
 
 # ---- simulation ----
-
-def test_scheduler_meets_a_deadline_fifo_misses_on_the_same_work():
-    """A long job without deadline arrives first, a short one with a tight deadline right after: FIFO makes
-    the short one wait, the scheduler runs it first; both train the same tokens."""
-    arrivals = [JobArrival(0.0, "long", 100_000.0), JobArrival(1.0, "short", 5000.0, deadline_s=20.0)]
-    slack, fifo, one = (simulate(arrivals, p, tokens_per_s=1000.0, restart_s=60.0, switch_s=2.0)
-                        for p in ("slack", "fifo", "one-at-a-time"))
-    assert (slack["num_deadlines_met"], fifo["num_deadlines_met"], one["num_deadlines_met"]) == (1, 0, 0)
-    assert slack["tokens_trained"] == fifo["tokens_trained"] == one["tokens_trained"] == 105_000
-    assert one["makespan_s"] > fifo["makespan_s"]  # the restart between jobs
-
-
-def test_synthetic_trace_round_trips_and_scheduler_is_no_worse(tmp_path, capsys):
-    assert main(["synthetic:12:0.9:4", "--tokens-per-s", "500", "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "results.json").read_text())
-    rows = {r["policy"]: r for r in result["rows"]}
-    assert rows["slack"]["num_deadlines_met"] >= rows["fifo"]["num_deadlines_met"]
-    assert load_job_trace(tmp_path / "job_trace.jsonl") == synthetic_job_trace(12, 500.0, 0.9, 4)
-
-
-def test_bad_job_trace_is_one_line_error(tmp_path, capsys):
-    trace = tmp_path / "jobs.jsonl"
-    trace.write_text('{"arrival_s": 0, "name": "a", "total_tokens": 10}\n{"arrival_s": 1, "size": 3}\n')
-    assert main([str(trace), "--tokens-per-s", "10"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: {trace}:2: not a job arrival") and err.count("\n") == 1
-    assert main([str(trace), "--tokens-per-s", "0"]) == 2
-
 
 # ---- intake: the real job check (LlamaFactory's parse and job_validation) before anything is queued ----
 

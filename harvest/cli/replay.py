@@ -65,6 +65,17 @@ def add_parser(subparsers) -> None:
         "target, harvest learns its margin online)"
     )
     sim.add_argument("--seed", type=int, default=0)
+    jobs = parser.add_argument_group("job-arrival trace (simulated mode)")
+    jobs.add_argument(
+        "--jobs", default=None,
+        help="finetune jobs arriving beside the requests: a JSONL file (arrival_s, name, total_tokens, deadline_s, "
+        "priority per line) or synthetic:N,load=L,seed=S; the harvest policy runs them under the scheduler, FIFO "
+        "and one-at-a-time and reports deadlines met, tokens trained and steps in target",
+    )
+    jobs.add_argument("--job-switch-s", type=float, default=2.0,
+                      help="finetune time lost per switch between jobs (window re-fetch; default 2)")
+    jobs.add_argument("--job-restart-s", type=float, default=60.0,
+                      help="one-at-a-time's worker restart between jobs, no finetune meanwhile (default 60)")
     parser.set_defaults(func=run)
 
 

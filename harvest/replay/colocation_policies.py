@@ -145,7 +145,9 @@ class TemporalPolicy(ColocationPolicy):
 class HarvestPolicy(ColocationPolicy):
     name = "harvest"
 
-    def __init__(self, profile, memory, rates, config, recording=None):
+    def __init__(self, profile, memory, rates, config, recording=None, make_job=SimulatedJob):
+        """`make_job(clock, unit_ms, tokens_per_s)`: the job the controller drives (one SimulatedJob, or a
+        SimulatedJobSet fed by a job-arrival trace); unused with a recording, whose units are the job's."""
         super().__init__(profile, memory, rates, config, recording)
         self.clock = SimClock()
         margin = config.plan_margin if config.plan_margin > 0 else None
@@ -155,7 +157,7 @@ class HarvestPolicy(ColocationPolicy):
         else:
             # The worker sizes units (max_unit_ms) from the profile to fit within its shortest decode step.
             self.unit_ms = min(rates.unit_ms, self.planner.shortest_step_ms)
-            self.job = SimulatedJob(self.clock, self.unit_ms, rates.whole_device_tokens_per_s)
+            self.job = make_job(self.clock, self.unit_ms, rates.whole_device_tokens_per_s)
         slo = SloTracker(config.tpot_slo_ms, window_steps=1000)
         source = f"profile {profile.device_name} (simulated device)"
         if self.model.has_colo:
@@ -186,9 +188,13 @@ class HarvestPolicy(ColocationPolicy):
         tokens = 0.0
         while self.clock() < until_s:
             trained = self.controller.on_idle()
-            if not trained:
+            if trained:
+                tokens += trained
+                continue
+            wake_s = self.job.wake_s()  # a job arriving (job trace) before the batch does
+            if wake_s >= until_s:
                 return until_s, tokens
-            tokens += trained
+            self.clock.t_s = wake_s
         return self.clock(), tokens
 
 

@@ -61,5 +61,34 @@ def print_comparison(results: dict, console: Console) -> None:
             _fmt(f.get("ratio_to_static"), ".2f", "x"),
         )
     console.print(table)
+    if "jobs" in results:
+        print_jobs(results["jobs"], console)
     for note in [*notes, *results.get("notes", [])]:
         console.print(f"[dim]note: {note}[/dim]")
+
+
+def print_jobs(jobs: dict, console: Console) -> None:
+    """The job-arrival trace under each job policy, all on the harvest policy's device."""
+    table = Table(
+        title=f"jobs {jobs['spec']} ({jobs['num_jobs']} jobs, load {jobs['load']:.2f} of the harvest "
+        f"{jobs['harvest_tokens_per_s']:.0f} tok/s), harvest policy",
+        caption=f"switch {jobs['switch_s']:g} s, one-at-a-time restart {jobs['restart_s']:g} s; tokens trained "
+        "while serving the requests; deadlines judged after the jobs drain on the idle device",
+    )
+    for column in ("job policy", "deadlines met", "attainment", "tokens trained", "steps in target",
+                   "measured tok/s", "mean completion s", "makespan s", "switches"):
+        table.add_column(column, justify="left" if column == "job policy" else "right")
+    for name, row in jobs["policies"].items():
+        attainment = row["step_slo_attainment"]
+        table.add_row(
+            name,
+            f"{row['num_deadlines_met']}/{row['num_with_deadline']}",
+            _fmt(row["deadline_attainment"], ".2f"),
+            str(row["tokens_trained"]),
+            _fmt(None if attainment is None else 100 * attainment, ".2f", "%"),
+            _fmt(row["measured_harvest_tokens_per_s"], ".0f"),
+            _fmt(row["mean_completion_s"]),
+            _fmt(row["makespan_s"]),
+            str(row["num_switches"]),
+        )
+    console.print(table)

@@ -16,6 +16,7 @@ import bisect
 import gzip
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,12 @@ class RecordedJob:
         self.num_units_run += 1
         self.clock.advance_ms(unit.duration_ms)
         return unit
+
+    def co_run(self, duration_ms: float, num_trained_tokens: float) -> SimulatedUnit:
+        return SimulatedUnit("co_run", duration_ms, num_trained_tokens)
+
+    def wake_s(self) -> float:
+        return math.inf
 
     def note_no_room(self) -> None:
         pass

@@ -48,6 +48,9 @@ class ReplayRunConfig:
     recording: str | None = None
     plan_margin: float = 0.0
     seed: int = 0
+    jobs: str | None = None
+    job_switch_s: float = 2.0
+    job_restart_s: float = 60.0
 
 
 def load_replay_trace(config: ReplayRunConfig):
@@ -63,6 +66,25 @@ def load_replay_trace(config: ReplayRunConfig):
     return trace
 
 
+def load_job_replay(config: ReplayRunConfig):
+    """--jobs, checked before anything runs: the trace read (or the synthetic spec parsed) and the flags it needs."""
+    if config.jobs is None:
+        return None
+    from harvest.replay.job_replay import JobReplay
+    from harvest.replay.job_trace import load_jobs
+
+    if not config.simulate:
+        raise HarvestError("--jobs needs --simulate (a live replay's jobs are submitted to the worker)")
+    if config.policy not in ("all", "harvest"):
+        raise HarvestError(f"--jobs runs the harvest policy's controller: give --policy harvest or all, not {config.policy}")
+    if config.recording is not None:
+        raise HarvestError("--jobs with --recording: a recording's units are one job's; drop one of the two")
+    for flag, value in (("--job-switch-s", config.job_switch_s), ("--job-restart-s", config.job_restart_s)):
+        if not value >= 0:
+            raise HarvestError(f"{flag} {value} must be >= 0")
+    return JobReplay(load_jobs(config.jobs), config.jobs, config.job_switch_s, config.job_restart_s)
+
+
 def run_replay(config: ReplayRunConfig, console) -> tuple[dict, list[Path]]:
     """Replay, write results.json and the plots, print the comparison; returns the results and what was written."""
     from rich.console import Console
@@ -71,11 +93,12 @@ def run_replay(config: ReplayRunConfig, console) -> tuple[dict, list[Path]]:
 
     if bool(config.target) == bool(config.simulate):
         raise HarvestError("give exactly one of --target URL (live) and --simulate (with --profile)")
+    jobs = load_job_replay(config)
     trace = load_replay_trace(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results = _simulate(config, trace, console) if config.simulate else _live(config, trace, console)
+    results = _simulate(config, trace, console, jobs) if config.simulate else _live(config, trace, console)
     results["trace"].update(
         spec=config.trace,
         window=config.window,
@@ -96,7 +119,7 @@ def run_replay(config: ReplayRunConfig, console) -> tuple[dict, list[Path]]:
     return results, written
 
 
-def _simulate(config: ReplayRunConfig, trace, console) -> dict:
+def _simulate(config: ReplayRunConfig, trace, console, jobs=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from harvest.replay.recorded_device import Recording
@@ -138,7 +161,12 @@ def _simulate(config: ReplayRunConfig, trace, console) -> dict:
             state["last"] = min(t_s, span_s)
             progress.update(task, completed=state["done"] + state["last"], description=policy)
 
-        return simulation.run(trace, on_progress)
+        results = simulation.run(trace, on_progress, jobs)
+    if jobs is not None:
+        from harvest.replay.job_trace import JobArrival, write_job_trace
+
+        write_job_trace([JobArrival(**a) for a in results["jobs"]["arrivals"]], Path(config.out) / "job_trace.jsonl")
+    return results
 
 
 def _live(config: ReplayRunConfig, trace, console) -> dict:

@@ -10,6 +10,7 @@ from base.errors import HarvestError
 from harvest.replay.colocation_policies import POLICY_CLASSES
 from harvest.replay.decode_simulator import DecodeSimulator, DeviceRun
 from harvest.replay.finetune_rates import FinetuneRates
+from harvest.replay.job_replay import JobReplay
 from harvest.replay.policy_summary import SCHEMA_VERSION, summarize_policy
 from harvest.replay.recorded_device import Recording
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
@@ -42,8 +43,10 @@ class ReplaySimulation:
     def num_device_runs(self) -> int:
         return sum(NUM_DECODE_DEVICES[p] for p in self.config.policies)
 
-    def run(self, trace: Trace, on_progress: Callable[[str, float], None] | None = None) -> dict:
-        """Simulate every policy; on_progress(policy, simulated seconds done on the current device)."""
+    def run(self, trace: Trace, on_progress: Callable[[str, float], None] | None = None,
+            jobs: JobReplay | None = None) -> dict:
+        """Simulate every policy; on_progress(policy, simulated seconds done on the current device). `jobs`: a
+        job-arrival trace, driven by the harvest policy once per job policy (the "jobs" section)."""
         self._check_fits(trace)
         started = time.perf_counter()
         entries: dict[str, dict] = {}
@@ -85,6 +88,11 @@ class ReplaySimulation:
             for entry in entries.values():
                 if base_rate and entry["status"] == "ok":
                     entry["finetune"][f"ratio_to_{base}"] = entry["finetune"]["tokens_per_s"] / base_rate
+        jobs_entry = None
+        if jobs is not None:
+            t0 = time.perf_counter()
+            jobs_entry = jobs.run(self, trace, entries["harvest"]["finetune"]["decode_device_tokens_per_s"])
+            timings["jobs"] = round(time.perf_counter() - t0, 3)
         return {
             "schema_version": SCHEMA_VERSION,
             "mode": "simulated",
@@ -112,6 +120,7 @@ class ReplaySimulation:
             "fleet": FLEET,
             "notes": self.notes(),
             "policies": entries,
+            **({} if jobs_entry is None else {"jobs": jobs_entry}),
             "simulation_s": {"total": round(time.perf_counter() - started, 3), **timings},
         }
 

@@ -8,6 +8,7 @@ model and the device). Co-run units train at the profile's co-run rate on the fi
 the time decode runs beside them.
 """
 
+import math
 from dataclasses import dataclass
 
 from harvest.colocation.controller import Controller
@@ -48,6 +49,7 @@ class SimulatedJob:
         self.clock = clock
         self.is_ready = False
         self._unit = SimulatedUnit("unit", unit_ms, tokens_per_s * unit_ms / 1e3)
+        self._co_run: SimulatedUnit | None = None
 
     def poll(self) -> None:
         pass
@@ -63,8 +65,24 @@ class SimulatedJob:
         return self._unit.kind
 
     def run_unit(self) -> SimulatedUnit:
+        if self._co_run is not None:
+            unit, self._co_run = self._co_run, None
+            return unit
         self.clock.advance_ms(self._unit.duration_ms)
         return self._unit
+
+    def stage_co_run(self, duration_ms: float, num_trained_tokens: float) -> None:
+        """Make the next run_unit the work done beside a decode step (its time is already on the clock)."""
+        self._co_run = SimulatedUnit("co_run", duration_ms, num_trained_tokens)
+
+    def co_run(self, duration_ms: float, num_trained_tokens: float) -> SimulatedUnit:
+        """Account the finetune partition's work beside a decode step as a unit of this job."""
+        self.stage_co_run(duration_ms, num_trained_tokens)
+        return self.run_unit()
+
+    def wake_s(self) -> float:
+        """When work may next become ready with nothing else changing (a job set's next arrival); inf: never."""
+        return math.inf
 
     def note_no_room(self) -> None:
         pass
@@ -85,4 +103,7 @@ class SimulatedSpatialController(Controller):
         self._ft_sms = decision.ft_sms if self.job.has_ready_work() else 0
 
     def _end_co_run(self, step: DecodeStep) -> float:
-        return self._co_run_tokens_per_s(self._ft_sms) * step.latency_ms / 1e3 if self._ft_sms else 0.0
+        if not self._ft_sms:
+            return 0.0
+        tokens = self._co_run_tokens_per_s(self._ft_sms) * step.latency_ms / 1e3
+        return self.job.co_run(step.latency_ms, tokens).num_trained_tokens
