@@ -79,6 +79,13 @@ def test_admin_port_taken_while_the_worker_starts_stops_it_with_one_line(harvest
         (["--pin-partition", "1,1"], ["--pin-partition needs --tpot-slo-ms"]),
         (["--colocation", "sideways"], ["--colocation", "sideways"]),
         (["--colocation", "temporal"], ["--colocation temporal needs --tpot-slo-ms"]),
+        (["--replica-id", "w0"], ["--replica-id needs --fleet"]),
+        (["--fleet", "http://127.0.0.1:9"], ["--fleet needs --replica-id"]),
+        (["--fleet", "http://127.0.0.1:9", "--replica-id", "w0"], ["--fleet needs --fleet-shard K/N"]),
+        (["--fleet", "http://127.0.0.1:9", "--replica-id", "w0", "--fleet-shard", "2/2"], ["--fleet-shard 2/2"]),
+        (["--fleet", "10.0.0.1", "--replica-id", "w0", "--fleet-shard", "0/2"], ["is not a lighthouse URL"]),
+        (["--fleet", "http://127.0.0.1:9", "--replica-id", "w:0", "--fleet-shard", "0/2"], ["--replica-id 'w:0'"]),
+        (["--fleet", "http://127.0.0.1:9", "--replica-id", "w0", "--fleet-shard", "0/2"], ["--fleet needs --finetune"]),
         (["--tpot-slo-ms", "100", "--profile", "predictor/profiles/synthetic-h100-llama3-8b.json"],
          ["SYNTHETIC", "--allow-synthetic-profile"]),
     ],
@@ -106,3 +113,13 @@ def test_profile_co_run_too_small_to_fit_stage_2_is_refused_before_any_worker(ha
                      "--out", str(tmp_path / "p.json"))
     assert_one_line_error(result, "stage 2 needs >= 4", "--max-batch-size")
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_fleet_worker_with_no_lighthouse_there_is_refused_before_it_starts(harvest_cli, tmp_path):
+    from harvest.finetune.demo.tiny_job import write_tiny_job
+
+    job = write_tiny_job(tmp_path)
+    result = run_cli(harvest_cli, "serve", "--model-path", str(tmp_path / "tiny-llama-2l"), "--admin-port",
+                     str(free_port()), "--finetune", str(job), "--tpot-slo-ms", "100",
+                     "--fleet", f"http://127.0.0.1:{free_port()}", "--replica-id", "w0", "--fleet-shard", "0/2")
+    assert_one_line_error(result, "--fleet", "no torchft lighthouse answers there")

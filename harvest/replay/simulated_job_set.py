@@ -63,7 +63,7 @@ class SimulatedJobSet(JobSet):
 
     def co_run(self, duration_ms: float, num_trained_tokens: float) -> SimulatedUnit:
         """The active job's work beside a decode step, credited to it as the unit thread's would be."""
-        self._active.job.stage_co_run(duration_ms, num_trained_tokens)
+        self.current.job.stage_co_run(duration_ms, num_trained_tokens)
         return self.run_unit()
 
     def wake_s(self) -> float:

@@ -1,0 +1,100 @@
+"""Two `harvest serve --fleet` decode workers on one torchft lighthouse (issue 34): both train the job on their
+own shard, their rounds average the adapter and each serves the averaged one under the job's name; a kill -9 of
+one leaves the other serving and training; restarted, it takes the fleet's adapter from its peer and holds the
+same adapter after its first round."""
+
+import os
+import signal
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import httpx
+import psutil
+import pytest
+from conftest import free_port
+
+from harvest.finetune.demo.tiny_job import write_tiny_job
+from harvest.worker.client import prefilled_request, read_stats, wait_for_stats
+from harvest.worker.process import WorkerProcess
+
+pytestmark = pytest.mark.sglang
+
+ADAPTER = "fleet-adapter"
+ROUND_TOKENS = 1500  # the tiny job trains ~400 tokens a step: a round every few steps
+
+
+def fleet_stats(worker) -> dict:
+    return read_stats(worker.admin_url)["finetune"].get("fleet") or {}
+
+
+def wait_for_fleet(worker, check, what: str, timeout_s: float = 240.0) -> dict:
+    return wait_for_stats(worker.admin_url, lambda s: check(s["finetune"].get("fleet") or {}, s["finetune"]), what,
+                          timeout_s=timeout_s)["finetune"]
+
+
+def start_worker(work, lighthouse: str, index: int, incarnation: int) -> WorkerProcess:
+    job = write_tiny_job(work, max_steps=100000, output_dir=str(work / f"out-w{index}"), publish_every_steps=1,
+                         publish_name=ADAPTER)
+    args = ["--model-path", str(work / "tiny-llama-2l"), "--max-total-tokens", "4096", "--finetune", str(job),
+            "--tpot-slo-ms", "500", "--fleet", lighthouse, "--replica-id", f"w{index}", "--fleet-shard", f"{index}/2",
+            "--fleet-round-tokens", str(ROUND_TOKENS)]
+    log = work / f"w{index}-{incarnation}.log"
+    return WorkerProcess(args, free_port(), free_port(), log).start()
+
+
+def same_adapter_at_one_round(a, b, timeout_s: float = 120.0) -> dict:
+    """Poll both until they report the same last round; returns that round's stats of `a` (checksums equal)."""
+    def both_at_one_round(fleet, _):
+        other = fleet_stats(b)
+        return fleet.get("round", 0) >= 1 and fleet["round"] == other.get("round") and \
+            fleet["adapter_checksum"] == other["adapter_checksum"]
+
+    return wait_for_fleet(a, both_at_one_round, "both workers holding one round's adapter", timeout_s)["fleet"]
+
+
+def served(worker) -> None:
+    request = {**prefilled_request([3, 4, 5, 6], 4, room=7), "lora_path": ADAPTER}
+    response = httpx.post(f"{worker.url}/generate", json=request, timeout=120)
+    assert response.status_code == 200 and len(response.json()["output_ids"]) == 4, response.text
+
+
+def kill_tree(worker) -> None:
+    tree = [psutil.Process(worker.proc.pid), *psutil.Process(worker.proc.pid).children(recursive=True)]
+    for process in tree:
+        process.send_signal(signal.SIGKILL)
+    worker.stop(timeout_s=30)
+
+
+def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill_9(tmp_path):
+    from torchft._torchft import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=2000)
+    url = lighthouse.address()
+    workers = []
+    try:
+        workers = [start_worker(tmp_path, url, 0, 0), start_worker(tmp_path, url, 1, 0)]
+        w0, w1 = workers
+        wait_for_fleet(w0, lambda f, _: f.get("members") == 2, "a round of both workers")
+        fleet = same_adapter_at_one_round(w0, w1)
+        assert fleet["tokens_contributed"] > 0
+        for worker in workers:
+            published = wait_for_fleet(worker, lambda _, job: ((job.get("published") or {}).get("fleet_round") or 0)
+                                       >= 1, "the fleet's adapter published")["published"]
+            assert published["name"] == ADAPTER and published["error"] is None
+            served(worker)
+
+        kill_tree(w1)
+        round_at_kill = fleet_stats(w0)["round"]
+        after = wait_for_fleet(w0, lambda f, _: f["round"] >= round_at_kill + 3 and f["members"] == 1,
+                               "the survivor's rounds going on alone")
+        assert after["state"] == "running"
+        served(w0)
+
+        workers[1] = w1 = start_worker(tmp_path, url, 1, 1)
+        wait_for_fleet(w1, lambda f, _: f.get("round", 0) > round_at_kill, "the restarted worker in a later round")
+        same_adapter_at_one_round(w0, w1)
+        served(w1)
+    finally:
+        for worker in workers:
+            worker.stop(timeout_s=60)
+        lighthouse.shutdown()
