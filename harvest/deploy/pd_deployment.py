@@ -14,9 +14,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from base.argv import flag_value
 from base.errors import HarvestError
 from base.ports import check_port_free
-from base.argv import flag_value
 from harvest.sglang.pd_flags import (
     NUM_TRANSFER_PORTS,
     decode_flags,
