@@ -5,6 +5,8 @@ same adapter after its first round."""
 
 import os
 import signal
+import subprocess
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -77,6 +79,10 @@ def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill
         wait_for_fleet(w0, lambda f, _: f.get("members") == 2, "a round of both workers")
         fleet = same_adapter_at_one_round(w0, w1)
         assert fleet["tokens_contributed"] > 0
+        status = subprocess.run([sys.executable, "-m", "harvest.cli.main", "status", "--admin", w0.admin_url,
+                                 "--admin", w1.admin_url], capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and "harvest fleet: 2 workers" in status.stdout, status.stderr
+        assert "w0" in status.stdout and "w1" in status.stdout
         for worker in workers:
             published = wait_for_fleet(worker, lambda _, job: ((job.get("published") or {}).get("fleet_round") or 0)
                                        >= 1, "the fleet's adapter published")["published"]
