@@ -3,6 +3,8 @@ publishing under requests with one cancelled mid-way, and a kill -9 of a worker 
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -106,6 +108,18 @@ def test_bad_submissions_are_refused_and_leave_the_set_as_it_was(worker, work):
     assert httpx.post(f"{worker.admin_url}/harvest/jobs/nope/pause", headers=AUTH, timeout=60).status_code == 404
     finished = httpx.post(f"{worker.admin_url}/harvest/jobs/short/pause", headers=AUTH, timeout=60)
     assert finished.status_code == 409 and "it is finished" in finished.json()["detail"]
+
+    # The same through `harvest jobs`: a refusal is one line and exit 2, a list a line a job.
+    bad = work / "bad.yaml"
+    bad.write_text(changed("lora_rank", "eight"))
+    cli = [sys.executable, "-m", "harvest.cli.main", "jobs"]
+    refused = subprocess.run([*cli, "submit", str(bad), "--name", "via-cli", "--admin", worker.admin_url,
+                              "--token", TOKEN], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith("harvest jobs: error: the worker refused (422): lora_rank")
+    listed = subprocess.run([*cli, "list", "--admin", worker.admin_url], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and [line.split()[:2] for line in listed.stdout.splitlines()] == [
+        ["anchor", "running"], ["short", "finished"]], listed.stdout
 
     assert set(jobs(worker)) == {"anchor", "short"}
     assert sorted(p.name for p in (work / "jobs").glob("*.yaml")) == ["anchor.yaml", "short.yaml"]

@@ -77,6 +77,15 @@ class Trace:
             context = np.minimum(context, max_context_tokens)
         return Trace(f"{self.name}/capped", self.arrival_s, context, generated)
 
+    def round_robin(self, num_parts: int, index: int) -> "Trace":
+        """Requests index, index + num_parts, ...: what one of num_parts decode workers gets behind a
+        round-robin router."""
+        if not 0 <= index < num_parts:
+            raise HarvestError(f"part {index} of {num_parts} does not exist")
+        label = f"{self.name}/{index}of{num_parts}"
+        return Trace(label, self.arrival_s[index::num_parts], self.context_tokens[index::num_parts],
+                     self.generated_tokens[index::num_parts])
+
     def summary(self) -> dict:
         if not self.num_requests:
             return {"name": self.name, "num_requests": 0}

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> dict:
 
     scales = _parse_scales(args.rate_scale)
     windows = [(name if len(scales) == 1 else f"{name}@{scale:g}", spec, scale)
-               for name, spec in (_parse_window(text) for text in (args.window or DEFAULT_WINDOWS))
+               for name, spec in (parse_window(text) for text in (args.window or DEFAULT_WINDOWS))
                for scale in scales]
     rows = tuple(ROWS) if args.rows == "all" else tuple(r.strip() for r in args.rows.split(","))
     if unknown := [r for r in rows if r not in ROWS]:
@@ -101,11 +101,11 @@ def run(args: argparse.Namespace) -> dict:
         from predictor import Profile
 
         Profile.load(args.profile)  # a bad profile is refused here, not by the first spatial worker
-    traces = {name: _load_window(spec, scale, args) for name, spec, scale in windows}
+    traces = {name: load_window(spec, scale, args) for name, spec, scale in windows}
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     model_path = str(resolve_model_path(args.model_path))
-    job = _job(args.job, model_path, log_dir)
+    job = bench_job(args.job, model_path, log_dir)
     load_start = os.getloadavg()[0]
     started = time.perf_counter()
     runs = []
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> dict:
                     if (flags, cpus) != worker_key or "--finetune" in flags:
                         if worker is not None:
                             worker.stop()
-                        worker, worker_key = _worker(flags, run_dir, cpus), (flags, cpus)
+                        worker, worker_key = bench_worker(flags, run_dir, cpus), (flags, cpus)
                         worker.start(args.start_timeout_s)
                     runs.append({"window": name, "repeat": repeat, "row": row,
                                  **_run_row(row, traces[name], worker, job, run_dir, args)})
@@ -156,7 +156,7 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _parse_window(text: str) -> tuple[str, str]:
+def parse_window(text: str) -> tuple[str, str]:
     if not _WINDOW.match(text):
         raise HarvestError(f"--window {text!r}: expected NAME=TRACE:START+LENGTH, e.g. steady=conv:17s+12s")
     name, spec = text.split("=", 1)
@@ -173,7 +173,7 @@ def _parse_scales(text: str) -> list[float]:
     return scales
 
 
-def _load_window(spec: str, rate_scale: float, args: argparse.Namespace):
+def load_window(spec: str, rate_scale: float, args: argparse.Namespace):
     from harvest.replay.replay_run import ReplayRunConfig, load_replay_trace
 
     trace, start, length = _WINDOW.match(f"window={spec}").group(2, 3, 4)
@@ -186,7 +186,7 @@ def _load_window(spec: str, rate_scale: float, args: argparse.Namespace):
     return loaded
 
 
-def _job(job_path: str | None, model_path: str, log_dir: Path) -> dict:
+def bench_job(job_path: str | None, model_path: str, log_dir: Path) -> dict:
     """The LlamaFactory config both harvest and the trainer run, with absolute paths (as `harvest demo`)."""
     path = Path(job_path) if job_path else DEMO_JOB
     try:
@@ -227,7 +227,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
                                      len(trainer_cpus) if trainer_cpus else None)
             trainer.start(args.warmup_steps, args.start_timeout_s)
         elif row.startswith("harvest-"):
-            _wait_job_steps(worker.admin_url, args.warmup_steps, args.start_timeout_s)
+            wait_job_steps(worker.admin_url, args.warmup_steps, args.start_timeout_s)
         replay = LiveReplay(worker.url, worker.admin_url, args.tpot_ms, args.concurrency, drain_s=args.drain_s)
         replay_start_wall_s = time.time()
         results = replay.run(trace)
@@ -278,7 +278,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
     }
 
 
-def _worker(serve_flags: tuple[str, ...], run_dir: Path, cpus: tuple[int, ...] | None) -> WorkerProcess:
+def bench_worker(serve_flags: tuple[str, ...], run_dir: Path, cpus: tuple[int, ...] | None) -> WorkerProcess:
     from base.cuda_driver import ensure_driver_or_stub
     from harvest.sglang.launcher import CPU_ENGINE_ENV
 
@@ -294,7 +294,7 @@ def _worker(serve_flags: tuple[str, ...], run_dir: Path, cpus: tuple[int, ...] |
                          run_dir / "worker.log", command=command, env=env, stop_with_parent=True)
 
 
-def _wait_job_steps(admin_url: str, num_steps: int, timeout_s: float) -> None:
+def wait_job_steps(admin_url: str, num_steps: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         finetune = read_stats(admin_url).get("finetune") or {}

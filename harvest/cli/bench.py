@@ -19,6 +19,7 @@ BENCH_MODULES = {
     "serve": "harvest.bench.serve",
     "pd": "harvest.deploy.bench_pd",
     "colocate": "harvest.bench.colocate",
+    "fleet": "harvest.bench.fleet",
     "slo": "harvest.bench.slo",
     "units": "harvest.bench.units",
 }

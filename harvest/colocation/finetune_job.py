@@ -186,7 +186,11 @@ class FinetuneJob:
         self._unit_ms_total += result.duration_ms
         if result.is_step_end:
             self._num_samples += self._samples_per_step
-            self._fleet_step_end()
+            try:
+                self._fleet_step_end()
+            except Exception as e:  # noqa: BLE001 - a broken fleet fails the job, never the worker
+                self._fail(e)
+                return None
             self._refresh_stats()
             every = self.publish_every_steps
             if every is not None and self.engine.global_step % every == 0:
@@ -244,7 +248,8 @@ class FinetuneJob:
             if self.fleet is None:
                 tensors, fleet_round = adapter_tensors(self.engine.peft_model), None
             else:
-                tensors, fleet_round = self._fleet_adapter(), self.fleet.last.round
+                tensors = self._fleet_adapter()
+                fleet_round = 0 if self.fleet.last is None else self.fleet.last.round
             self.publisher.publish(tensors, adapter_config_dict(self.engine.peft_model), self.engine.global_step,
                                    started, fleet_round)
         except Exception as e:  # noqa: BLE001 - a failed publish must not stop training or serving
