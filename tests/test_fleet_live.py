@@ -80,7 +80,7 @@ def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill
         fleet = same_adapter_at_one_round(w0, w1)
         assert fleet["tokens_contributed"] > 0
         status = subprocess.run([sys.executable, "-m", "harvest.cli.main", "status", "--admin", w0.admin_url,
-                                 "--admin", w1.admin_url], capture_output=True, text=True, timeout=60)
+                                 "--admin", w1.admin_url], capture_output=True, text=True, timeout=60, check=False)
         assert status.returncode == 0 and "harvest fleet: 2 workers" in status.stdout, status.stderr
         assert "w0" in status.stdout and "w1" in status.stdout
         for worker in workers:
@@ -103,4 +103,50 @@ def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill
     finally:
         for worker in workers:
             worker.stop(timeout_s=60)
+        lighthouse.shutdown()
+
+
+def test_a_worker_of_another_job_is_refused_at_start_with_one_line(tmp_path):
+    """The fleet's member trains another job (another fingerprint): `harvest serve --fleet` exits 2 with one
+    line naming it, leaves no process, and the member's rounds go on."""
+    import threading
+
+    import torch
+    from torchft._torchft import LighthouseServer
+
+    from harvest.fleet import FleetSync, RoundPolicy
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200, heartbeat_timeout_ms=2000)
+    member = FleetSync([torch.zeros(4)], RoundPolicy(every_tokens=1), lighthouse.address(), "other", timeout_s=30,
+                       fingerprint=12345)
+    stop, rounds = threading.Event(), []
+
+    def train():
+        while not stop.is_set():
+            member.on_step_end(10)
+            rounds.append(member.wait())
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    try:
+        job = write_tiny_job(tmp_path, max_steps=100000, output_dir=str(tmp_path / "out"))
+        port = free_port()
+        result = subprocess.run(
+            [sys.executable, "-m", "harvest.cli.main", "serve", "--model-path", str(tmp_path / "tiny-llama-2l"),
+             "--port", str(port), "--admin-port", str(free_port()), "--finetune", str(job), "--tpot-slo-ms", "500",
+             "--fleet", lighthouse.address(), "--replica-id", "w0", "--fleet-shard", "0/2"],
+            capture_output=True, text=True, timeout=600, check=False)
+        assert result.returncode == 2, result.stderr[-3000:]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("harvest serve: error:")]
+        assert len(errors) == 1 and "trains another job or base model" in errors[0], result.stderr[-3000:]
+        assert not [p for p in psutil.process_iter(["cmdline"]) if str(port) in " ".join(p.info["cmdline"] or [])]
+        done = len(rounds)
+        while len(rounds) < done + 3:  # the member's fleet goes on without it
+            assert trainer.is_alive()
+            stop.wait(0.1)
+        assert rounds[-1].committed and rounds[-1].members == 1
+    finally:
+        stop.set()
+        trainer.join(60)
+        member.close()
         lighthouse.shutdown()

@@ -13,16 +13,24 @@ repeats; a row run twice is the A/A control.
 import argparse
 import datetime
 import os
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import yaml
 
 from base.errors import HarvestError
 from harvest.bench import device_name
-from harvest.bench.colocate import bench_job, bench_worker, load_window, parse_window, wait_job_steps
+from harvest.bench.colocate import (
+    bench_job,
+    bench_worker,
+    load_window,
+    parse_window,
+    wait_job_steps,
+)
 from harvest.bench.trainer_process import cpu_halves
 from harvest.worker.client import read_stats
 
@@ -107,14 +115,33 @@ def _one_worker(trace, job: dict, model_path: str, run_dir: Path, args: argparse
             "steps_within_target": measured["steps_within_target"], "workers": [measured]}
 
 
-def _fleet(trace, job: dict, model_path: str, run_dir: Path, args: argparse.Namespace) -> dict:
-    from torchft._torchft import LighthouseServer
+def _lighthouse(run_dir: Path) -> tuple[subprocess.Popen, str]:
+    """torchft's own lighthouse command (its log in the run's folder), and its URL once it answers."""
+    from harvest.worker.process import free_ports
 
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=1000)
+    (port,) = free_ports(1)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "lighthouse.log", "w") as log:
+        process = subprocess.Popen([str(Path(sys.executable).with_name("torchft_lighthouse")), "--min_replicas", "1",
+                                    "--join_timeout_ms", "1000", "--bind", f"[::]:{port}"], stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/status", timeout=1)
+            return process, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.kill()
+    raise HarvestError(f"torchft's lighthouse did not answer on {url} (see {run_dir / 'lighthouse.log'})")
+
+
+def _fleet(trace, job: dict, model_path: str, run_dir: Path, args: argparse.Namespace) -> dict:
+    lighthouse, url = _lighthouse(run_dir)
     workers = []
     try:
         for index, cpus in enumerate(cpu_halves()):
-            flags = [*_serve_flags(job, run_dir / f"w{index}", model_path, args), "--fleet", lighthouse.address(),
+            flags = [*_serve_flags(job, run_dir / f"w{index}", model_path, args), "--fleet", url,
                      "--replica-id", f"w{index}", "--fleet-shard", f"{index}/{FLEET_SIZE}",
                      "--fleet-round-s", str(args.round_s)]
             workers.append(bench_worker(tuple(flags), run_dir / f"w{index}", tuple(cpus)))
@@ -128,7 +155,8 @@ def _fleet(trace, job: dict, model_path: str, run_dir: Path, args: argparse.Name
     finally:
         for worker in workers:
             worker.stop()
-        lighthouse.shutdown()
+        lighthouse.terminate()
+        lighthouse.wait(30)
     replay_s = max(m["replay_s"] for m in measured)
     return {"finetune_tokens_per_s": round(sum(m["tokens"] for m in measured) / replay_s, 2),
             "steps_within_target": min(m["steps_within_target"] for m in measured), "workers": measured}
