@@ -132,7 +132,7 @@ def test_a_publish_asked_for_in_the_middle_of_an_optimizer_update_waits_for_its_
     assert job.wait_built(300) and job.state.value == "running", job.error
     job.publisher = AdapterPublisher(["http://127.0.0.1:1"], ADAPTER_NAME)  # nothing listens: the load fails
     published = []
-    job.publisher.publish = lambda tensors, config, step, started: published.append((tensors, step))
+    job.publisher.publish = lambda tensors, config, step, started, fleet_round: published.append((tensors, step))
     while job.engine.global_step < 1:
         job.run_unit()
     while not job.engine.is_mid_update:
