@@ -72,3 +72,23 @@ def test_live_ids_are_read_from_the_status_page_by_their_age():
             "<li>w1:1e1c8168-8e41-41fd-b8a9-62db2257aa8a: seen 12.5s ago</li>"
             "<li>w2:2e1c8168-8e41-41fd-b8a9-62db2257aa8a: seen 850µs ago</li>")
     assert live_replica_ids(page) == {"w0", "w2"}
+
+
+def test_a_fleet_restarted_whole_resumes_from_its_newest_round_checkpoint(lighthouse, tmp_path):
+    from harvest.fleet.round_checkpoint import latest_round_checkpoint, write_round_checkpoint
+
+    write_round_checkpoint({"a": torch.full((4,), 2.0), "b": torch.ones(2)}, 7, tmp_path)
+    write_round_checkpoint({"a": torch.zeros(4), "b": torch.zeros(2)}, 3, tmp_path)  # an older round
+    params = [torch.zeros(4), torch.zeros(2)]
+    member = FleetSync(params, RoundPolicy(every_tokens=1), lighthouse, "r", timeout_s=5,
+                       resume_from=latest_round_checkpoint(tmp_path, ["a", "b"]))
+    try:
+        assert torch.equal(params[0], torch.full((4,), 2.0)) and torch.equal(params[1], torch.ones(2))
+        assert member.stats()["resumed_round"] == 7 and member.last.round > 7  # its rounds number on
+        member.on_step_end(10)
+        assert member.wait().committed
+    finally:
+        member.close()
+    with pytest.raises(HarvestError, match="not this job's adapter"):
+        latest_round_checkpoint(tmp_path, ["a", "c"])
+    assert latest_round_checkpoint(tmp_path / "none", ["a"]) is None

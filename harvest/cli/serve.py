@@ -71,6 +71,9 @@ def add_parser(subparsers) -> None:
                        help="start a round after this many tokens trained (default: every 60 s)")
     fleet.add_argument("--fleet-round-s", type=float, default=None, help="start a round after this many seconds")
     fleet.add_argument("--fleet-min-members", type=int, default=1, help="members a round waits for (default 1)")
+    fleet.add_argument("--fleet-checkpoint-dir", default=None,
+                       help="where the fleet's adapter is written after each round and a fleet restarted whole "
+                       "resumes from (default: the job's output_dir/fleet-rounds; share it between the members)")
     colocation.add_argument("--job-quantum-s", type=float, default=30.0,
                             help="unit seconds a job trains before another of the same deadline standing and "
                             "priority takes its turn (default 30; each switch re-fetches the incoming job's window)")
@@ -176,7 +179,8 @@ def _fleet_config(args: argparse.Namespace):
     if args.fleet is None:
         given = [flag for flag, value in (("--replica-id", args.replica_id), ("--fleet-shard", args.fleet_shard),
                                           ("--fleet-round-tokens", args.fleet_round_tokens),
-                                          ("--fleet-round-s", args.fleet_round_s)) if value is not None]
+                                          ("--fleet-round-s", args.fleet_round_s),
+                                          ("--fleet-checkpoint-dir", args.fleet_checkpoint_dir)) if value is not None]
         if given:
             raise HarvestError(f"{given[0]} needs --fleet: the lighthouse of the fleet it configures")
         return None
@@ -184,7 +188,7 @@ def _fleet_config(args: argparse.Namespace):
         raise HarvestError("--fleet needs --replica-id: this worker's name in the fleet")
     every_s = args.fleet_round_s if args.fleet_round_s is not None or args.fleet_round_tokens is not None else 60.0
     return FleetConfig(args.fleet, args.replica_id, parse_shard(args.fleet_shard),
-                       RoundPolicy(args.fleet_round_tokens, every_s), args.fleet_min_members)
+                       RoundPolicy(args.fleet_round_tokens, every_s), args.fleet_checkpoint_dir, args.fleet_min_members)
 
 
 def _check_profile(config: ServeConfig, allow_synthetic: bool) -> None:

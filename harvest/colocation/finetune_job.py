@@ -225,10 +225,9 @@ class FinetuneJob:
         if applied is None or not applied.committed:
             return
         if applied.is_writer:
-            from harvest.fleet.replica import write_round_checkpoint
+            from harvest.fleet.round_checkpoint import write_round_checkpoint
 
-            write_round_checkpoint(self._fleet_adapter(), applied.round,
-                                   self.engine.llamafactory.output_dir / "fleet-rounds")
+            write_round_checkpoint(self._fleet_adapter(), applied.round, self.fleet.checkpoint_dir)
         if self.publisher is not None:
             self._is_publish_due = True
 

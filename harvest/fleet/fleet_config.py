@@ -20,6 +20,9 @@ class FleetConfig:
     """(K, N): the worker trains shard K of N of the job's dataset (`--fleet-shard K/N`)."""
     policy: RoundPolicy
     """When this worker starts a round (`--fleet-round-tokens`, `--fleet-round-s`)."""
+    checkpoint_dir: str | None = None
+    """Where the round's first member writes the fleet's adapter and a restarted fleet resumes from
+    (`--fleet-checkpoint-dir`, shared by the members); None: each worker's output_dir/fleet-rounds."""
     min_members: int = 1
     """Members a round waits for (`--fleet-min-members`)."""
     timeout_s: float = 60.0

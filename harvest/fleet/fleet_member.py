@@ -3,11 +3,13 @@ share, and the join itself (FleetSync)."""
 
 import hashlib
 import json
+from pathlib import Path
 
 import torch
 
 from harvest.fleet.fleet_config import FleetConfig
 from harvest.fleet.fleet_sync import FleetSync
+from harvest.fleet.round_checkpoint import latest_round_checkpoint
 
 JOB_KEYS = ("stage", "finetuning_type", "lora_rank", "lora_alpha", "lora_target", "dataset", "template",
             "cutoff_len", "learning_rate", "optim", "lr_scheduler_type", "max_steps", "per_device_train_batch_size",
@@ -37,10 +39,20 @@ def job_fingerprint(engine) -> int:
     return int(digest[:5], 16)
 
 
+def round_checkpoint_dir(engine, config: FleetConfig) -> Path:
+    """Where the fleet's rounds are written and resumed from: --fleet-checkpoint-dir (shared by the members),
+    else the job's output_dir/fleet-rounds."""
+    return Path(config.checkpoint_dir) if config.checkpoint_dir else engine.llamafactory.output_dir / "fleet-rounds"
+
+
 def join_fleet(engine, config: FleetConfig) -> tuple[FleetSync, list[str]]:
-    """Join (blocks until the first round forms); returns the member and the adapter's tensor names, in the
-    order of its flat vector."""
+    """Join (blocks until the first round forms), starting from the newest round checkpointed (a fleet
+    restarted whole resumes from it); returns the member and the adapter's tensor names, in the order of its
+    flat vector. The member's checkpoint_dir is where its rounds go."""
     named = trainable_named_params(engine)
+    checkpoint_dir = round_checkpoint_dir(engine, config)
     fleet = FleetSync(list(named.values()), config.policy, config.lighthouse, config.replica_id,
-                      config.min_members, config.timeout_s, job_fingerprint(engine))
+                      config.min_members, config.timeout_s, job_fingerprint(engine),
+                      latest_round_checkpoint(checkpoint_dir, list(named)))
+    fleet.checkpoint_dir = checkpoint_dir
     return fleet, list(named)

@@ -64,11 +64,14 @@ logger = logging.getLogger(__name__)
 
 class FleetSync:
     def __init__(self, params: list[torch.Tensor], policy: RoundPolicy, lighthouse_addr: str, replica_id: str,
-                 min_members: int = 1, timeout_s: float = 30.0, fingerprint: int = 0) -> None:
+                 min_members: int = 1, timeout_s: float = 30.0, fingerprint: int = 0,
+                 resume_from: tuple[int, list[torch.Tensor]] | None = None) -> None:
         """`params`: the adapter's trainable tensors, the same order on every worker. Joins the fleet now
         (blocks until a round with min_members forms), taking the fleet's adapter if it is behind.
         `fingerprint`: what must be equal on every member (job_fingerprint: the base model, the adapter's
-        shapes, the training settings); a member whose first round finds another is refused (HarvestError)."""
+        shapes, the training settings); a member whose first round finds another is refused (HarvestError).
+        `resume_from` (round R, the adapter's tensors in `params` order): a checkpointed round of the fleet this
+        member starts from, numbering its rounds on from R; a live peer further on still heals it."""
         self.params = params
         self.fingerprint = fingerprint
         self.policy = policy
@@ -77,6 +80,11 @@ class FleetSync:
         self._healed = False
         self._manager, self._store = make_manager(lighthouse_addr, replica_id, min_members, timeout_s,
                                                   (self._load_state, self._state))
+        if resume_from is not None:
+            round_number, tensors = resume_from
+            adapter_delta.assign(params, adapter_delta.flatten(tensors))
+            self._base = adapter_delta.flatten(params)
+            self._manager.load_state_dict({"step": round_number, "batches_committed": 0})
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-round")
         self._in_flight: Future | None = None
         self._sent: torch.Tensor | None = None
@@ -86,6 +94,7 @@ class FleetSync:
         self._round_started = time.monotonic()
         self.last: RoundResult | None = None
         self._checksum = _checksum(self._base)
+        self.resumed_round = None if resume_from is None else resume_from[0]
         self.tokens_contributed = 0
         self.sync_ms_total = 0.0
         self._start_round(0)
@@ -150,6 +159,7 @@ class FleetSync:
             "staleness": last.staleness if last else 0,
             "in_flight": self._in_flight is not None,
             "adapter_checksum": self._checksum,
+            "resumed_round": self.resumed_round,
         }
 
     # ---- a round ----

@@ -6,13 +6,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import save_file
-
 from harvest.finetune import FinetuneEngine
 from harvest.finetune.publishing import adapter_tensors
 from harvest.fleet.fleet_member import trainable_named_params
 from harvest.fleet.fleet_sync import FleetSync
+from harvest.fleet.round_checkpoint import write_round_checkpoint
 from harvest.fleet.round_policy import RoundPolicy
 
 
@@ -49,12 +47,3 @@ def run_replica(job_path: str | Path, lighthouse_addr: str, replica_id: str, pol
     fleet.close()
     return {"adapter": adapter, "rounds": rounds, "tokens": tokens, "steps": engine.global_step,
             "elapsed_s": elapsed_s, "stats": stats}
-
-
-def write_round_checkpoint(adapter: dict[str, torch.Tensor], round_number: int, checkpoint_dir: str | Path) -> Path:
-    """The fleet's adapter after a round (not this worker's steps since), as PEFT's adapter_model.safetensors
-    with the round in its metadata."""
-    path = Path(checkpoint_dir) / f"round-{round_number}" / "adapter_model.safetensors"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(adapter, str(path), metadata={"fleet_round": str(round_number)})
-    return path
