@@ -44,9 +44,11 @@ class HarvestRuntime:
         self._running: dict[int, DecodeStep] = {}
         self._admin_server = None
         self.jobs = None
+        """The worker's job set (harvest.jobs.worker_jobs.WorkerJobs), built at start on a finetuning worker."""
         self._fleet_job = None
         """The name of the job that trains with the fleet (--fleet): the --finetune job."""
-        """The worker's job set (harvest.jobs.worker_jobs.WorkerJobs), built at start on a finetuning worker."""
+        self._own_jobs_dir = None
+        """The job set's directory made for this process (no --jobs-dir), removed at stop."""
         self.adapter_target = None
         """Where a job publishes its adapter (harvest.sglang.adapter_publisher.AdapterTarget; hooks sets it)."""
         self.served_weights = None
@@ -173,7 +175,9 @@ class HarvestRuntime:
         from harvest.jobs.job_store import JobStore
         from harvest.jobs.worker_jobs import WorkerJobs
 
-        jobs_dir = self.config.jobs_dir or tempfile.mkdtemp(prefix="harvest-jobs-")
+        jobs_dir = self.config.jobs_dir
+        if jobs_dir is None:
+            jobs_dir = self._own_jobs_dir = tempfile.mkdtemp(prefix="harvest-jobs-")
         return WorkerJobs(JobIntake(self.job, JobStore(jobs_dir), job_config, self._make_job, self._check_fit))
 
     def _make_job(self, spec, job_config):
@@ -213,6 +217,10 @@ class HarvestRuntime:
     def stop(self) -> None:
         if self.jobs is not None:
             self.jobs.close()
+        if self._own_jobs_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._own_jobs_dir, ignore_errors=True)
         if self.controller is not None:
             self.controller.close()
         if self._admin_server is not None:
