@@ -258,10 +258,13 @@ class HarvestRuntime:
         return step
 
     def adapter_changed(self, verb: str, duration_ms: float, name: str | None = None) -> None:
-        """SGLang loaded or unloaded adapter `name` in the scheduler thread: the next decode step waited for it."""
+        """SGLang loaded or unloaded adapter `name` in the scheduler thread: the next decode step waited for it.
+        A version is loaded under its adapter's name plus "@" and an id (lora_replace.py) and counted to the job
+        that publishes under that name."""
         publisher = None
-        if self.jobs is not None:
-            publisher = next((p for p in self.jobs.publishers().values() if p.name == name), None)
+        if self.jobs is not None and name is not None:
+            published_name = name.split("@", 1)[0]
+            publisher = next((p for p in self.jobs.publishers().values() if p.name == published_name), None)
         if publisher is not None:
             publisher.note_scheduler_ms(verb, duration_ms)
         if self.controller is not None:

@@ -187,7 +187,10 @@ class JobSet:
         return (not has_deadline, order, -member.spec.priority, used_ms, member.spec.submitted_s, not is_incumbent)
 
     def pick(self) -> Member | None:
-        ready = [m for m in list(self.members.values()) if not m.is_done and not m.is_paused and self._can_run(m)]
+        """The member whose units run next. A paused one only while it has work a pause lets through (a publish
+        asked for: FinetuneJob.has_ready_work)."""
+        ready = [m for m in list(self.members.values()) if not m.is_done and self._can_run(m)
+                 and (not m.is_paused or m.job.has_ready_work())]
         return min(ready, key=self.rank_key, default=None)
 
     @staticmethod

@@ -48,6 +48,7 @@ class SimulatedJob:
     def __init__(self, clock: SimClock, unit_ms: float, tokens_per_s: float) -> None:
         self.clock = clock
         self.is_ready = False
+        self.is_paused = False
         self._unit = SimulatedUnit("unit", unit_ms, tokens_per_s * unit_ms / 1e3)
         self._co_run: SimulatedUnit | None = None
 
@@ -55,7 +56,13 @@ class SimulatedJob:
         pass
 
     def has_ready_work(self) -> bool:
-        return self.is_ready
+        return self.is_ready and not self.is_paused
+
+    def pause(self) -> None:
+        self.is_paused = True
+
+    def resume(self) -> None:
+        self.is_paused = False
 
     @property
     def max_unit_ms(self) -> float:
