@@ -25,7 +25,7 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Collection
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter
 
 import numpy as np
 
@@ -44,7 +44,46 @@ OFFSET_FADE = 0.99
 as the controller's decode cost fit): a partition slow steps priced out is tried again at the next refresh."""
 _REBUILD_PHASE = 1 % REBUILD_EVERY  # a partition's row is rebuilt on its 1st, (1 + REBUILD_EVERY)th, ... step
 TIE_TOLERANCE = 1e-9  # relative: losses this close train the same tokens up to rounding
-_ROW_LOWER = itemgetter(7)  # a row's loss bound (_build_row)
+_ROW_LOWER = attrgetter("lower")
+_CANDIDATE_ORDER = attrgetter("allowance_ms", "loss_per_solo_ms", "ft_sms")  # ft_sms is unique in a row
+
+
+@dataclass(slots=True, eq=False)
+class Candidate:
+    """A co-run partition (infer_sms, ft_sms) as a decision weighs it. Candidate and Row are slotted
+    dataclasses, not NamedTuples: plan() reads their fields every step, and on CPython 3.11 a slot read costs
+    what a tuple index does where a NamedTuple field or unpacking costs more; eq=False: a row is found in
+    `_rows` by identity (eval/results/cpu-2026-11-27/planner-rows/NOTES.md)."""
+
+    allowance_ms: float
+    """The largest solo latency whose prediction, with the partition's correction and margin, fits the target."""
+    loss_per_solo_ms: float
+    """Finetune tokens/s lost against a pure slice, per ms of solo latency, at the optimistic correction."""
+    ft_sms: int
+    factor: float
+    """Solo latency to the predicted co-run latency: the profile's slowdown times the partition's correction."""
+    margin: float
+    slowdown: float
+    co_run_rate: float
+    """Finetune tokens/s on ft_sms beside decode (the profile's, or the SM-share proxy)."""
+
+
+@dataclass(slots=True, eq=False)
+class Row:
+    """An inference partition's candidates, precomputed so a decision costs its solo line and a bisection."""
+
+    b0_ms: float
+    c0_ms: float
+    k0_ms: float
+    """The solo line on infer_sms: b0_ms * padded batch + c0_ms + k0_ms * KV tokens."""
+    infer_sms: int
+    max_allowance_ms: float
+    allowances_ms: list[float]
+    """The candidates' allowances, ascending: a solo latency bisects to the first candidate it fits."""
+    best_from: list[Candidate]
+    """best_from[k]: the least-loss candidate among those from the k-th allowance on."""
+    lower: float
+    """A lower bound on the row's loss per ms of the whole device's solo latency: rows are kept in its order."""
 
 
 @dataclass(slots=True)
@@ -128,22 +167,22 @@ class SplitPlanner:
         bound = PRUNE_SLACK * self._slice_rate * self._full_relative_correction
         self._active_rows = self._rows[:bisect_left(self._rows, bound, key=_ROW_LOWER)]
 
-    def _candidate(self, infer_sms: int, ft_sms: int, slowdown: float, rate: float) -> tuple:
-        """(solo latency it allows, loss coefficient, ft_sms, prediction factor, margin, slowdown, rate). The
-        allowance (does it fit) uses the partition's correction; the loss (what it is worth), the optimistic one."""
+    def _candidate(self, infer_sms: int, ft_sms: int, slowdown: float, rate: float) -> Candidate:
+        """The allowance (does it fit) uses the partition's correction; the loss (what it is worth), the
+        optimistic one."""
         partition = (infer_sms, ft_sms)
         relative, valued = self._tracker.relative_corrections(partition)
         factor = slowdown * relative
         valued_factor = slowdown * valued
         margin = self.margin(partition)
         allowance = _allowance(self.tpot_slo_ms, factor * margin)
-        return (allowance, (self._slice_rate - rate) * valued_factor, ft_sms, factor, margin, slowdown, rate)
+        return Candidate(allowance, (self._slice_rate - rate) * valued_factor, ft_sms, factor, margin, slowdown, rate)
 
     def _rebuild(self, partition: tuple[int, int]) -> None:
         """Recompute one candidate and its row, moved to its place in `_rows` (the caller prunes)."""
         i, f = partition
         old = self._candidates[i][f]
-        self._candidates[i][f] = self._candidate(i, f, old[5], old[6])
+        self._candidates[i][f] = self._candidate(i, f, old.slowdown, old.co_run_rate)
         self._rows.remove(self._row_of[i])
         row = self._row_of[i] = self._build_row(i)
         insort(self._rows, row, key=_ROW_LOWER)
@@ -152,20 +191,21 @@ class SplitPlanner:
         """Bring every row up to date with the correction and margins now (observe() does it lazily)."""
         self._refresh_rows()
 
-    def _build_row(self, infer_sms: int) -> tuple:
+    def _build_row(self, infer_sms: int) -> Row:
         c = self.profile.latency_model.solo.coefficients(infer_sms)
-        candidates = sorted(self._candidates[infer_sms].values())
+        candidates = sorted(self._candidates[infer_sms].values(), key=_CANDIDATE_ORDER)
         best = candidates[:]  # best[k]: the least-loss candidate among candidates[k:]
         least = best[-1]
         for k in range(len(best) - 2, -1, -1):
-            if least[1] <= best[k][1]:
+            if least.loss_per_solo_ms <= best[k].loss_per_solo_ms:
                 best[k] = least
             else:
                 least = best[k]
         b0, c0, k0 = self._full_line
         ratio = min(c.b0_ms / b0, c.c0_ms / c0, c.k0_ms / k0 if k0 > 0 else math.inf)
-        lower = best[0][1] * ratio
-        return (c.b0_ms, c.c0_ms, c.k0_ms, infer_sms, candidates[-1][0], [a[0] for a in candidates], best, lower)
+        lower = best[0].loss_per_solo_ms * ratio
+        return Row(c.b0_ms, c.c0_ms, c.k0_ms, infer_sms, candidates[-1].allowance_ms,
+                   [a.allowance_ms for a in candidates], best, lower)
 
     def plan(self, batch_size: int, seq_len: float, has_ready_work: bool) -> SplitDecision:
         if batch_size < 1 or seq_len < 0:
@@ -190,30 +230,30 @@ class SplitPlanner:
             rows = self._rows
         best, best_solo, best_infer = None, 0.0, self._full_sms
         full_solo = model_ms * g
-        for b0, c0, k0, infer_sms, max_allowance, allowances, best_from, lower in rows:
+        for row in rows:
+            lower = row.lower
             if lower > 0.0 and lower * full_solo > least_loss * (1.0 + TIE_TOLERANCE):
                 break  # rows come in ascending `lower`: none left can train more than the best so far
-            solo = (b0 * padded + c0 + k0 * num_kv_tokens) * g
-            if solo <= max_allowance:
-                candidate = best_from[bisect_left(allowances, solo)]
-                loss = candidate[1] * solo
+            solo = (row.b0_ms * padded + row.c0_ms + row.k0_ms * num_kv_tokens) * g
+            if solo <= row.max_allowance_ms:
+                candidate = row.best_from[bisect_left(row.allowances_ms, solo)]
+                loss = candidate.loss_per_solo_ms * solo
                 # Equal finetune tokens (to TIE_TOLERANCE): the lower predicted decode latency, the lower TPOT.
                 # Decode alone, the fastest decode, is only left for a pair that trains strictly more.
                 if loss < least_loss * (1.0 - TIE_TOLERANCE) or (
                     best is not None and loss <= least_loss * (1.0 + TIE_TOLERANCE)
-                    and candidate[3] * solo < best[3] * best_solo
+                    and candidate.factor * solo < best.factor * best_solo
                 ):
                     least_loss = loss
-                    best, best_solo, best_infer = candidate, solo, infer_sms
+                    best, best_solo, best_infer = candidate, solo, row.infer_sms
         tokens_per_s = rate - least_loss / target
         if best is None:
             return SplitDecision(self._full_sms, 0, predicted, slack, tokens_per_s, self._full_margin,
                                  slack <= 0.0, predicted > target, model_ms, predicted)
-        _, _, ft_sms, factor, margin, slowdown, _ = best
         alone = predicted
-        predicted = factor * best_solo
-        return SplitDecision(best_infer, ft_sms, predicted, target - predicted, tokens_per_s, margin, False, False,
-                             slowdown * best_solo / g, alone)
+        predicted = best.factor * best_solo
+        return SplitDecision(best_infer, best.ft_sms, predicted, target - predicted, tokens_per_s, best.margin,
+                             False, False, best.slowdown * best_solo / g, alone)
 
     def observe(self, decision: SplitDecision, measured_ms: float) -> None:
         """Feed the measured latency of the step `decision` planned into the correction and the margin. Part of
@@ -260,7 +300,7 @@ class SplitPlanner:
 
     @property
     def num_candidates(self) -> int:
-        return sum(len(row[5]) for row in self._rows) + 1
+        return sum(len(row.allowances_ms) for row in self._rows) + 1
 
 
 def _finetune_rates(profile: Profile):

@@ -108,7 +108,7 @@ def test_units_that_ran_short_leave_room_the_plan_may_use_and_a_late_overrun_is_
     estimates = []
 
     def run_unit():
-        estimates.append(controller._estimate_ms(unit.kind))  # what the unit was just admitted by
+        estimates.append(controller.unit_times.estimate_ms(unit.kind, UNIT_MS))  # its admission
         ran = SimulatedUnit(unit.kind, next(durations, UNIT_MS), unit.num_trained_tokens)
         clock.advance_ms(ran.duration_ms)
         return ran
@@ -183,9 +183,9 @@ def test_before_any_unit_is_timed_the_slice_admits_units_where_twice_their_bound
     # The slice is 70 % of the target less the step (18 ms: no decode cost fitted yet, BatchCost): the
     # warm-up and one more unit are admitted at twice the bound (10 ms); then 8 ms are left, less than that.
     assert step.finetune_ms == pytest.approx(2 * UNIT_MS)
-    assert controller._estimate_ms("unit") == pytest.approx(2 * UNIT_MS)
+    assert controller.unit_times.estimate_ms("unit", UNIT_MS) == pytest.approx(2 * UNIT_MS)
     run_step(controller, clock, 10.0)
-    assert controller._estimate_ms("unit") == pytest.approx(UNIT_MS)
+    assert controller.unit_times.estimate_ms("unit", UNIT_MS) == pytest.approx(UNIT_MS)
 
 
 def test_a_kinds_first_unit_is_a_warm_up_that_does_not_price_it_out():
@@ -198,7 +198,7 @@ def test_a_kinds_first_unit_is_a_warm_up_that_does_not_price_it_out():
     job._unit = SimulatedUnit("unit", UNIT_MS, 5.0)
     controller.on_idle()
     controller.on_idle()
-    assert controller._estimate_ms("unit") == pytest.approx(UNIT_MS)
+    assert controller.unit_times.estimate_ms("unit", UNIT_MS) == pytest.approx(UNIT_MS)
     times = controller.stats()["unit_ms"]["unit"]
     assert times["first_ms"] == pytest.approx(100 * UNIT_MS) and times["n"] == 2 and times["max"] == UNIT_MS
     run_step(controller, clock, 1.0, batch_size=1)  # pays the idle wait
@@ -211,7 +211,7 @@ def test_a_host_stall_keeps_a_kind_out_of_slices_for_a_few_steps_only(stall_ms):
     worker that never idles times none: after STALL_PATIENCE slices that could not admit the kind, its
     longest time is forgotten where the kind fits without it. A kind whose times are all long is never
     admitted that way."""
-    from harvest.colocation.controller import STALL_PATIENCE
+    from harvest.colocation.unit_times import STALL_PATIENCE
 
     controller, clock = temporal()
     job = controller.job
@@ -251,7 +251,7 @@ def test_a_unit_beside_decode_does_not_price_the_slice_units_of_its_kind():
     job._unit = SimulatedUnit("unit", UNIT_MS, 5.0)
     controller.on_idle()
     controller.on_idle()
-    assert controller._estimate_ms("unit") == pytest.approx(UNIT_MS)
+    assert controller.unit_times.estimate_ms("unit", UNIT_MS) == pytest.approx(UNIT_MS)
     times = controller.stats()["unit_ms"]["unit"]
     assert (times["n"], times["max"]) == (2, UNIT_MS)
     assert times["co_run"] == {"n": 5, "p50": 4 * UNIT_MS, "max": 4 * UNIT_MS}

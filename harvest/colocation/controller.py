@@ -14,21 +14,13 @@ batch that arrived while an idle-time unit ran.
 
 import contextlib
 import math
-import statistics
 import time
 from collections import deque
 
 from harvest.colocation.finetune_job import ACTIVE_PHASES
+from harvest.colocation.unit_times import UnitTimes
 from harvest.step_stats import DecodeStep, SloTracker
 
-RECENT_UNITS_PER_KIND = 32
-STALL_PATIENCE = 8
-"""After this many slices in a row that could not admit a kind, its longest recent time is taken for a host
-stall and forgotten, if the kind fits without it: the slice reserve covers stalls, and a kind out of every
-slice would wait for idle turns to replace the time (none on a busy worker)."""
-UNIT_QUANTILE_Z = 3.09
-"""A unit is admitted if this high a quantile of its kind's recent times fits (the normal 99.9th percentile
-of log unit time): slice lengths and the host make unit times spread, and an overrun breaks the step."""
 BACKOFF_LATENCY_FRACTION = 0.7
 FILL_RECOVERY_PER_STEP = 0.02
 LOOP_OVERHEAD_MS = 2.0
@@ -151,12 +143,7 @@ class Controller:
         self.planner_source = planner_source
         self.lender = lender
         self.clock = clock
-        self._first_unit_ms: dict[str, float] = {}
-        self._recent_unit_ms: dict[str, deque[float]] = {}   # on the whole device: slice and idle units
-        self._co_run_unit_ms: dict[str, deque[float]] = {}   # beside decode, on the finetune partition
-        self._unit_estimates: dict[str, float] = {}
-        self._refusals: dict[str, int] = {}
-        self._forgotten: dict[str, int] = {}
+        self.unit_times = UnitTimes()
         self._decision = None
         self._idle_unit_ms = 0.0
         self._publish_ms = 0.0
@@ -207,28 +194,44 @@ class Controller:
         """The step's tokens are out: give decode the KV memory it needs, fill what is left of the step's
         budget with finetune units, and record the step (step.finetune_tokens, step.is_slo_met)."""
         started = self.clock()
+        self._observe(step, started)
+        budget_ms = self._slice_budget_ms(step)
+        # Reclaiming KV for decode always happens; growing the job's window only where the slice has room.
+        did_memory_work = self._lend_or_reclaim(step, kv_demand_slots, can_grow=budget_ms > 0)
+        num_units, excess_ms = self._run_slice(step, started, budget_ms)
+        self._account(step, started, budget_ms, excess_ms, num_units > 0 or did_memory_work)
+
+    # ---- after_step's phases ----
+
+    def _observe(self, step: DecodeStep, started: float) -> None:
+        """What the step measured: the co-run's tokens, the planner's correction, the share of slack the
+        slice may fill (backs off when a step runs long), and decode's cost at this batch."""
         step.finetune_tokens = self._end_co_run(step)
         if self._decision_co_ran():
             step.ft_sms = self._co_run_ft_sms()
             step.co_run_tail_ms = (self.clock() - started) * 1e3
-        target_ms = self.slo.tpot_slo_ms
-        if self._decision is not None:
+        decision = self._decision
+        if decision is not None:
             # A wait for the finetune partition's unit in flight, before decode took the device back, is
             # in the step's time but not decode's.
-            self.planner.observe(self._decision, step.latency_ms - step.preempt_ms)
-        if step.latency_ms > BACKOFF_LATENCY_FRACTION * target_ms:
+            self.planner.observe(decision, step.latency_ms - step.preempt_ms)
+        if step.latency_ms > BACKOFF_LATENCY_FRACTION * self.slo.tpot_slo_ms:
             self.fill_fraction /= 2
         else:
             self.fill_fraction = min(1.0, self.fill_fraction + FILL_RECOVERY_PER_STEP)
-        spent_ms = step.latency_ms + step.idle_wait_ms
-        budget_ms = self.fill_fraction * (target_ms - spent_ms) - self.loop_overhead_ms
-        decision = self._decision
         if not self._decision_co_ran():
             self.batch_cost.observe(step.batch_size, step.latency_ms)
         elif decision is not None and decision.ft_sms > 0:
             # A co-run step, scaled to decode alone by the planner's own prediction: a worker that co-runs on
             # nearly every step would otherwise never fit the line (eval/README.md, "Simulated replay").
             self.batch_cost.observe(step.batch_size, step.latency_ms * decision.alone_ms / decision.predicted_ms)
+
+    def _slice_budget_ms(self, step: DecodeStep) -> float:
+        """The temporal slice's budget: the share of the step's slack the slice may fill, no longer than keeps
+        the batch it would grow within what decode alone serves in the target (0 or less: no slice)."""
+        target_ms = self.slo.tpot_slo_ms
+        spent_ms = step.latency_ms + step.idle_wait_ms
+        budget_ms = self.fill_fraction * (target_ms - spent_ms) - self.loop_overhead_ms
         stretch_budget_ms = (self.batch_cost.stretch_limit_ms(step.batch_size, step.latency_ms, target_ms)
                              - spent_ms - self.loop_overhead_ms)
         if budget_ms > 0 and stretch_budget_ms < budget_ms:
@@ -236,22 +239,31 @@ class Controller:
             # none, so requests finish before they overlap the next arrivals (eval/README.md).
             budget_ms = max(0.0, stretch_budget_ms)
             self.num_slices_cut_for_growth += 1
-        # Reclaiming KV for decode always happens; growing the job's window only where the slice has room.
+        return budget_ms
+
+    def _lend_or_reclaim(self, step: DecodeStep, kv_demand_slots: int, can_grow: bool) -> bool:
+        """The memory phase (step.memory_ms): True if it did any work."""
         memory_started = self.clock()
-        did_memory_work = self._rebalance_memory(kv_demand_slots, can_grow=budget_ms > 0)
+        did_memory_work = self._rebalance_memory(kv_demand_slots, can_grow=can_grow)
         step.memory_ms = (self.clock() - memory_started) * 1e3 if did_memory_work else 0.0
-        beside = self._is_job_beside_decode()
-        if not beside:
-            self.job.poll()
-        ran_any = False
+        return did_memory_work
+
+    def _run_slice(self, step: DecodeStep, started: float, budget_ms: float) -> tuple[int, float]:
+        """Finetune units on the whole device while the next one's estimate fits the budget, less the reserve
+        for stalls, from `started` on. Returns how many ran and how far the one furthest past its estimate ran
+        past it (the slice's excess, the reserve's sample)."""
+        if self._is_job_beside_decode():
+            return 0, 0.0
+        self.job.poll()
+        num_units = 0
         admit_ms = budget_ms - self.slice_reserve_ms
         excess_ms = 0.0
-        while not beside and self.job.has_ready_work():
+        while self.job.has_ready_work():
             kind = self.job.next_unit_kind()
-            estimate_ms = self._estimate_ms(kind)
+            estimate_ms = self.unit_times.estimate_ms(kind, self.job.max_unit_ms)
             room_ms = admit_ms - (self.clock() - started) * 1e3
             if estimate_ms > room_ms:
-                if room_ms > 0 and self._forget_a_stall(kind, room_ms):
+                if room_ms > 0 and self.unit_times.forget_a_stall(kind, room_ms):
                     continue
                 break
             result = self._run_unit()
@@ -263,10 +275,18 @@ class Controller:
             # it as they ran, not as estimated) plus its estimate; admission keeps it within the budget.
             step.planned_ms = max(step.planned_ms, admit_ms - room_ms + estimate_ms
                                   - step.co_run_tail_ms - step.memory_ms)
-            ran_any = True
             step.finetune_tokens += result.num_trained_tokens
+            num_units += 1
             self.num_units_in_slack += 1
-        finetune_ms = (self.clock() - started) * 1e3 if ran_any or did_memory_work or self._decision_co_ran() else 0.0
+        if not num_units:
+            self.job.note_no_room()
+        return num_units, excess_ms
+
+    def _account(self, step: DecodeStep, started: float, budget_ms: float, excess_ms: float,
+                 did_work: bool) -> None:
+        """Charge the step what ran after it (slice, memory work, the co-run's tail) and the wait before it,
+        learn the slice reserve, and record the step against the target."""
+        finetune_ms = (self.clock() - started) * 1e3 if did_work or self._decision_co_ran() else 0.0
         if budget_ms > 0:  # a slice with no unit counts too: a reserve that leaves no room is forgotten
             recent = self._slice_excess_ms
             dropped_ms = recent[0] if len(recent) == recent.maxlen else 0.0
@@ -274,8 +294,6 @@ class Controller:
             if excess_ms > 0 or dropped_ms > 0 or len(recent) % 64 == 0:  # most slices have none: sort less
                 self.slice_reserve_ms = _quantile(recent, RESERVE_QUANTILE)
         self.finetune_ms_in_slack += finetune_ms
-        if not ran_any and not beside:
-            self.job.note_no_room()
         step.finetune_ms = finetune_ms
         self.max_idle_wait_ms = max(self.max_idle_wait_ms, step.idle_wait_ms)
         step.is_slo_met = self.slo.record(step.latency_ms + finetune_ms + step.idle_wait_ms)
@@ -335,27 +353,12 @@ class Controller:
         }
 
     def unit_time_stats(self) -> dict:
-        """Per unit kind, its recent times on the whole device and what the slice admits it at (None: not
-        admitted in a slice), and its recent times beside decode (co_run; spatial mode)."""
-        def summary(times) -> dict:
-            ordered = sorted(times)
-            return {"n": len(ordered), "p50": round(ordered[len(ordered) // 2], 3) if ordered else None,
-                    "max": round(ordered[-1], 3) if ordered else None}
-
-        out = {}
-        for kind, first_ms in list(self._first_unit_ms.items()):
-            estimate = self._estimate_ms(kind)
-            co_run = self._co_run_unit_ms.get(kind)
-            out[kind] = {"first_ms": round(first_ms, 3), **summary(self._recent_unit_ms.get(kind, ())),
-                         "stalls_forgotten": self._forgotten.get(kind, 0),
-                         "admit_ms": None if math.isinf(estimate) else round(estimate, 3),
-                         "co_run": None if co_run is None else summary(co_run)}
-        return out
+        """Per unit kind, its recent times and what the slice admits it at (UnitTimes.stats)."""
+        return self.unit_times.stats(self.job.max_unit_ms)
 
     def reaction_stats(self) -> dict:
         """How soon decode gets the device back: a batch arriving during an idle-time unit waits for it."""
-        recent = list(self._recent_unit_ms.values()) + list(self._co_run_unit_ms.values())
-        longest = max((max(r) for r in recent if r), default=None)
+        longest = self.unit_times.longest_recent_ms()
         shortest_step = None if self.planner is None else self.planner.shortest_step_ms
         return {
             "longest_recent_unit_ms": None if longest is None else round(longest, 3),
@@ -405,65 +408,11 @@ class Controller:
         return self.lender.rebalance(kv_demand_slots, can_grow=can_grow and self.job.state in ACTIVE_PHASES)
 
     def _run_unit(self, co_run: bool = False):
-        """Run the job's next unit and keep its time. `co_run`: it ran beside decode on the finetune partition
-        (the unit thread): slower than on the whole device, so its time is kept apart and never prices a slice
-        unit, which runs on the whole device."""
+        """Run the job's next unit and keep its time (`co_run`: beside decode, on the finetune partition)."""
         result = self.job.run_unit()
         if result is not None and result.duration_ms > 0:
-            times = self._co_run_unit_ms if co_run else self._recent_unit_ms
-            recent = times.get(result.kind)
-            if result.kind not in self._first_unit_ms:
-                # The process's first unit of a kind is its warm-up (allocations, lazily built kernels and
-                # autograd state): 50-500x the kind's other times, so it is no sample of them.
-                self._first_unit_ms[result.kind] = result.duration_ms
-            elif recent is None:  # built whole before it is published: the admin thread never sees it empty
-                times[result.kind] = deque([result.duration_ms], maxlen=RECENT_UNITS_PER_KIND)
-            else:
-                recent.append(result.duration_ms)
-            if not co_run:
-                self._unit_estimates.pop(result.kind, None)
-            self._refusals.pop(result.kind, None)
+            self.unit_times.record(result.kind, result.duration_ms, co_run)
         return result
-
-    def _forget_a_stall(self, kind: str, room_ms: float) -> bool:
-        """The slice has `room_ms` but the kind's estimate is over it: on the STALL_PATIENCE-th such slice in
-        a row, forget its longest recent time if the estimate without it fits. True if it forgot one."""
-        refusals = self._refusals[kind] = self._refusals.get(kind, 0) + 1
-        recent = self._recent_unit_ms.get(kind)
-        if refusals < STALL_PATIENCE or recent is None or len(recent) < 3:
-            return False
-        rest = list(recent)
-        longest = max(rest)
-        rest.remove(longest)
-        if self._estimate_of(rest) > room_ms:
-            return False
-        recent.remove(longest)  # the scheduler thread owns the job here: no unit thread appends meanwhile
-        self._unit_estimates.pop(kind, None)
-        self._refusals.pop(kind, None)
-        self._forgotten[kind] = self._forgotten.get(kind, 0) + 1
-        return True
-
-    def _estimate_ms(self, kind: str) -> float:
-        """A high quantile of the kind's recent times, at least the longest of them, its first (warm-up) time
-        left out. A kind timed fewer than 2 times after its warm-up is estimated at twice the job's unit bound
-        (units are cut to the bound, but the first ones before any is timed, so they may overrun it), or
-        admitted in idle loops only if it has none.
-        A host stall in the times keeps the kind out of slices for STALL_PATIENCE slices (_forget_a_stall);
-        eval/README.md, "Temporal slice", says why a more robust estimate is not used."""
-        cached = self._unit_estimates.get(kind)
-        if cached is not None:
-            return cached
-        recent = list(self._recent_unit_ms.get(kind, ()))  # a copy: the unit thread appends (spatial mode)
-        if len(recent) < 2:
-            bound = self.job.max_unit_ms
-            return float("inf") if bound is None else 2.0 * bound
-        estimate = self._unit_estimates[kind] = self._estimate_of(recent)
-        return estimate
-
-    @staticmethod
-    def _estimate_of(times: list[float]) -> float:
-        logs = [math.log(ms) for ms in times]
-        return max(max(times), math.exp(statistics.fmean(logs) + UNIT_QUANTILE_Z * statistics.stdev(logs)))
 
 
 class TemporalController(Controller):

@@ -22,12 +22,24 @@ what the co-run model (stage 2) predicts and the online correction and margin le
 import contextlib
 import threading
 import time
+from dataclasses import dataclass
 
 from harvest.colocation.controller import Controller
 from harvest.colocation.finetune_job import FinetuneState
 
 IDLE_POLL_S = 0.005
 """How often the unit thread looks again at a job with no ready work while it holds a grant."""
+
+
+@dataclass(slots=True)
+class PartitionTime:
+    """What the unit thread did on one finetune partition (stats `co_run`)."""
+
+    num_trained_tokens: float = 0
+    granted_ms: float = 0.0
+    """Held by the unit thread, closed grants only (stats adds the open one's time so far)."""
+    num_grants: int = 0
+    num_steps: int = 0
 
 
 class SpatialController(Controller):
@@ -46,7 +58,7 @@ class SpatialController(Controller):
         """The finetune partition the unit thread may run units on; written by the scheduler thread only."""
         self._granted_s = 0.0
         self._co_run_tokens = 0
-        self._co_run: dict[tuple[int, int], list[float]] = {}   # partition -> [tokens, ms granted, grants, steps]
+        self._co_run: dict[tuple[int, int], PartitionTime] = {}
         self.max_preempt_ms = 0.0
         self.num_preemptions = 0
         self.num_grow_requests = 0
@@ -95,7 +107,7 @@ class SpatialController(Controller):
         with self._tokens_lock:
             tokens, self._co_run_tokens = self._co_run_tokens, 0
         if self._granted is not None:
-            self._co_run[self._granted][3] += 1
+            self._co_run[self._granted].num_steps += 1
         return tokens
 
     def _decision_co_ran(self) -> bool:
@@ -111,7 +123,7 @@ class SpatialController(Controller):
 
     def _grant(self, partition: tuple[int, int]) -> None:
         self._granted, self._granted_s = partition, time.perf_counter()
-        self._co_run.setdefault(partition, [0, 0.0, 0, 0])[2] += 1
+        self._co_run.setdefault(partition, PartitionTime()).num_grants += 1
         self._granted_event.set()
 
     def _revoke(self) -> float:
@@ -125,7 +137,7 @@ class SpatialController(Controller):
         with self._job_lock:
             pass
         now = time.perf_counter()
-        self._co_run[granted][1] += (now - self._granted_s) * 1e3
+        self._co_run[granted].granted_ms += (now - self._granted_s) * 1e3
         waited_ms = (now - started) * 1e3
         self.num_preemptions += 1
         self.max_preempt_ms = max(self.max_preempt_ms, waited_ms)
@@ -197,29 +209,35 @@ class SpatialController(Controller):
             if partition is None or self._wanted.is_set():
                 self._granted_event.wait(timeout=0.1) if partition is None else time.sleep(IDLE_POLL_S / 5)
                 continue
-            ran = False
-            with self._job_lock:
-                if self._granted == partition and not self._wanted.is_set():
-                    self.job.poll()
-                    if self.job.has_ready_work():
-                        with self.partitions.finetune_context(*partition):
-                            result = self._run_unit(co_run=True)
-                        ran = result is not None
-                        if ran:
-                            with self._tokens_lock:
-                                self._co_run_tokens += result.num_trained_tokens
-                            self._co_run[partition][0] += result.num_trained_tokens
-            if not ran:
+            if not self._run_co_run_unit(partition):
                 time.sleep(IDLE_POLL_S)
+
+    def _run_co_run_unit(self, partition: tuple[int, int]) -> bool:
+        """One unit on `partition` while it is still granted and not wanted back; True if one ran."""
+        with self._job_lock:
+            if self._granted != partition or self._wanted.is_set():
+                return False
+            self.job.poll()
+            if not self.job.has_ready_work():
+                return False
+            with self.partitions.finetune_context(*partition):
+                result = self._run_unit(co_run=True)
+            if result is None:
+                return False
+            with self._tokens_lock:
+                self._co_run_tokens += result.num_trained_tokens
+            self._co_run[partition].num_trained_tokens += result.num_trained_tokens
+            return True
 
     def stats(self) -> dict:
         granted, granted_s = self._granted, self._granted_s
         co_run = {}
-        for (i, f), (t, ms, n, steps) in list(self._co_run.items()):
+        for (i, f), time_on in list(self._co_run.items()):
+            t, ms = time_on.num_trained_tokens, time_on.granted_ms
             if (i, f) == granted:
                 ms += (time.perf_counter() - granted_s) * 1e3
-            co_run[f"{i},{f}"] = {"tokens": int(t), "ms_granted": round(ms, 1), "grants": int(n), "steps": int(steps),
-                                  "tokens_per_s": round(t / ms * 1e3, 3) if ms else None}
+            co_run[f"{i},{f}"] = {"tokens": int(t), "ms_granted": round(ms, 1), "grants": time_on.num_grants,
+                                  "steps": time_on.num_steps, "tokens_per_s": round(t / ms * 1e3, 3) if ms else None}
         return {**super().stats(),
                 "partitions": {"kind": type(self.partitions).__name__, "num_units": self.partitions.num_sms,
                                "granularity": self.partitions.granularity},
