@@ -67,6 +67,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-s", type=float, default=120.0)
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", action="append", default=None, metavar="NAME=TRACE:START+LENGTH",
                         help=f"a trace window to replay (repeatable; default {' '.join(DEFAULT_WINDOWS)})")
     parser.add_argument("--rate-scale", default="0.1",
