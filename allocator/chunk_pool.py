@@ -8,12 +8,13 @@ every buffer: a stray KV access to a lent chunk faults instead of reading finetu
 Unmapping is a host call, not ordered on any stream, and torch's record_stream does nothing for these
 tensors (their storage is not torch's). So the pool keeps its own record: the streams that used each
 tensor (record_stream) and the streams that touch the KV buffers (record_kv_stream); before it unmaps or
-moves a range it waits for the work queued on them so far. Chunks pinned for a KV transfer never lend.
+moves a range it waits for the work queued on them so far.
+A PD transfer lands only in slots the decode scheduler has already allocated, so its chunk is never
+all-free and never lendable: slot accounting keeps lending off a landing transfer, no pin is needed.
 """
 
 import math
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -45,7 +46,6 @@ class ChunkPool:
         self._addr_of_owner: dict[int, int] = {}
         self._users: dict[int, list] = {}           # owner -> streams that used its tensor
         self._kv_streams: list = []
-        self._pins: Counter[int] = Counter()        # chunk_id -> transfers in flight over its slots
 
     def _buffer_addr(self, buffer_id: int) -> int:
         return self.kv_base + buffer_id * self.chunk_span_bytes
@@ -82,23 +82,8 @@ class ChunkPool:
         if stream is not None and stream not in self._kv_streams:
             self._kv_streams.append(stream)
 
-    def pin(self, chunk_ids: Iterable[int]) -> None:
-        """A KV transfer (RDMA registration or copy in flight) covers these chunks: they stay mapped as KV."""
-        self._pins.update(chunk_ids)
-
-    def unpin(self, chunk_ids: Iterable[int]) -> None:
-        for chunk_id in chunk_ids:
-            if self._pins[chunk_id] <= 0:
-                raise HarvestError(f"chunk {chunk_id} is not pinned")
-            self._pins[chunk_id] -= 1
-
-    def is_pinned(self, chunk_id: int) -> bool:
-        return self._pins[chunk_id] > 0
-
     def lend(self, chunk_id: int) -> None:
         """Unmap chunk_id from every K/V buffer; its blocks then back tensors. Its slots must be unused."""
-        if self.is_pinned(chunk_id):
-            raise HarvestError(f"chunk {chunk_id} is pinned by a KV transfer and cannot be lent")
         self.ledger.lend(chunk_id)
         _wait_for(self._kv_streams)
         self.backend.unmap_blocks(self._chunk_addrs(chunk_id))

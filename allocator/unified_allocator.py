@@ -89,8 +89,6 @@ class UnifiedAllocator:
         for chunk_id in self.kv_slots.lendable_chunk_ids():
             if num_lent == num_chunks:
                 break
-            if self.chunk_pool.is_pinned(chunk_id):
-                continue
             # The last chunk may be partial: SGLang's pool rarely ends on a chunk boundary.
             slots_after = self.kv_slots.available_size() - self.kv_slots.num_chunk_slots(chunk_id)
             if slots_after < self.kv_floor_slots:
@@ -125,21 +123,6 @@ class UnifiedAllocator:
         """A stream other than the scheduler's current one that runs KV reads/writes (SGLang's
         forward_stream under the overlap schedule): lending waits for it."""
         self.chunk_pool.record_kv_stream(stream)
-
-    def pin_kv_slots(self, first_slot: int, num_slots: int) -> None:
-        """A KV transfer (PD: registered for RDMA, or in flight) covers these token slots: their chunks
-        are never lent until unpin_kv_slots with the same range. Nested pins count."""
-        self.chunk_pool.pin(self._chunks_of_slots(first_slot, num_slots))
-
-    def unpin_kv_slots(self, first_slot: int, num_slots: int) -> None:
-        self.chunk_pool.unpin(self._chunks_of_slots(first_slot, num_slots))
-
-    def _chunks_of_slots(self, first_slot: int, num_slots: int) -> range:
-        if first_slot < 0 or num_slots <= 0 or first_slot + num_slots > self.config.num_slots:
-            raise HarvestError(f"slots [{first_slot}, {first_slot + num_slots}) are outside the pool's "
-                               f"{self.config.num_slots} slots")
-        per_chunk = self.config.slots_per_chunk
-        return range(first_slot // per_chunk, (first_slot + num_slots - 1) // per_chunk + 1)
 
     def free_tensor(self, tensor: torch.Tensor) -> None:
         self.chunk_pool.free_tensor(tensor)

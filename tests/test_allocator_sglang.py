@@ -139,6 +139,24 @@ def test_lent_chunk_slots_leave_and_return_to_free_pages(allocator):
     assert torch.equal(tokens.free_pages, torch.arange(1, SIZE + 1))
 
 
+def test_a_chunk_a_pd_transfer_lands_in_is_never_lent(allocator):
+    """The decode scheduler allocates a transfer's slots before the KV arrives (SGLang's prealloc queue);
+    the chunk holding them stays KV while every all-free chunk is lent, and the landed KV reads back."""
+    kv_pool = ChunkedMHATokenToKVPool(**pool_kwargs(), chunk_pool=allocator.chunk_pool)
+    tokens = ChunkTokenToKVPoolAllocator(SIZE, torch.float32, "cpu", kv_pool, False,
+                                         allocator.config.slots_per_chunk)
+    allocator.attach_kv_slots(tokens)
+    top = tokens.num_chunks - 1
+    everything = tokens.alloc(SIZE)
+    landing = tokens.chunk_slots(top)[:5]
+    tokens.free(everything[~torch.isin(everything, landing)])
+    allocator.lend_chunks(tokens.num_chunks)
+    assert tokens.lent_chunk_ids and top not in tokens.lent_chunk_ids
+    k, v = torch.randn(len(landing), HEADS, HEAD_DIM), torch.randn(len(landing), HEADS, HEAD_DIM)
+    for (got_k, got_v), layer_id in zip(write_and_read(kv_pool, landing, k, v), range(LAYERS)):
+        assert torch.equal(got_k, k + layer_id) and torch.equal(got_v, v - layer_id)
+
+
 def _on_unit_thread(fn):
     """fn's exception (or None) when it runs on another thread, as a co-run unit's would."""
     raised = []

@@ -4,14 +4,12 @@ gpu_unmap_inflight_* and gpu_swap_evict checks and test_allocator_cuda.py under 
 
 import contextlib
 
-import pytest
 import torch
 from torch import nn
 
 from allocator.config import AllocatorConfig
 from allocator.host_backend import HostBackend
 from allocator.unified_allocator import UnifiedAllocator
-from base.errors import HarvestError
 from harvest.finetune.layer_swapper import LayerSwapper
 
 BLOCK = 64 << 10
@@ -145,41 +143,3 @@ def test_evict_right_after_prefetch_waits_for_the_copy_before_unmapping(monkeypa
     finally:
         allocator.close()
 
-
-def test_pinned_chunks_are_never_lent_until_unpinned():
-    log = Log()
-    allocator = make_allocator(log)
-
-    class AllFree:
-        def __init__(self):
-            self.lent = set()
-
-        def available_size(self):
-            return 10 ** 6
-
-        def num_chunk_slots(self, chunk_id):
-            return allocator.config.slots_per_chunk
-
-        def lendable_chunk_ids(self):
-            return [c for c in range(7, 0, -1) if c not in self.lent]
-
-        def withdraw_chunk(self, chunk_id):
-            self.lent.add(chunk_id)
-
-        def restore_chunk(self, chunk_id):
-            self.lent.discard(chunk_id)
-
-    try:
-        allocator.attach_kv_slots(AllFree())
-        per_chunk = allocator.config.slots_per_chunk
-        allocator.pin_kv_slots(6 * per_chunk + 5, per_chunk)     # spans chunks 6 and 7
-        assert allocator.lend_chunks(2) == 2
-        assert allocator.chunk_pool.ledger.lent_chunk_ids() == [4, 5]
-        with pytest.raises(HarvestError, match="pinned by a KV transfer"):
-            allocator.chunk_pool.lend(7)
-        allocator.unpin_kv_slots(6 * per_chunk + 5, per_chunk)
-        assert allocator.lend_chunks(1) == 1 and 7 in allocator.chunk_pool.ledger.lent_chunk_ids()
-        with pytest.raises(HarvestError, match="not pinned"):
-            allocator.unpin_kv_slots(0, 1)
-    finally:
-        allocator.close()

@@ -58,17 +58,22 @@ _WINDOW = re.compile(r"^(\w+)=([^:]+):([\d.]+s?)\+([\d.]+s?)$")
 JOB_POLL_S = 1.0
 
 
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    """The live-replay flags every worker-driving bench shares (this one and `bench fleet`)."""
+    parser.add_argument("--max-context-tokens", type=int, default=256)
+    parser.add_argument("--max-generated-tokens", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=8, help="most requests in flight per worker (default 8)")
+    parser.add_argument("--tpot-ms", type=float, default=300.0, help="TPOT target in ms (default 300, as the demo)")
+    parser.add_argument("--drain-s", type=float, default=120.0)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", action="append", default=None, metavar="NAME=TRACE:START+LENGTH",
                         help=f"a trace window to replay (repeatable; default {' '.join(DEFAULT_WINDOWS)})")
     parser.add_argument("--rate-scale", default="0.1",
                         help="replay rate scale (default 0.1, as the demo); comma-separated: a load sweep, every "
                              "window at each scale (its rows named WINDOW@SCALE)")
-    parser.add_argument("--max-context-tokens", type=int, default=256)
-    parser.add_argument("--max-generated-tokens", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, default=8, help="most requests in flight (default 8)")
-    parser.add_argument("--tpot-ms", type=float, default=300.0, help="TPOT target in ms (default 300, as the demo)")
-    parser.add_argument("--drain-s", type=float, default=120.0)
+    add_replay_arguments(parser)
     parser.add_argument("--repeats", type=int, default=2, help="repeats per window; odd ones reverse the row order")
     parser.add_argument("--rows", default="all", help=f"comma-separated row ids: {','.join(ROWS)} (default all)")
     parser.add_argument("--job", default=None, help="LlamaFactory YAML (default: the demo job)")

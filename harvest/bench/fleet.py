@@ -25,6 +25,7 @@ import yaml
 from base.errors import HarvestError
 from harvest.bench import device_name
 from harvest.bench.colocate import (
+    add_replay_arguments,
     bench_job,
     bench_worker,
     load_window,
@@ -42,11 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", default="steady=conv:17s+12s", metavar="NAME=TRACE:START+LENGTH",
                         help="the trace window every row replays (default steady=conv:17s+12s)")
     parser.add_argument("--rate-scale", type=float, default=0.1, help="replay rate scale (default 0.1)")
-    parser.add_argument("--max-context-tokens", type=int, default=256)
-    parser.add_argument("--max-generated-tokens", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, default=8, help="most requests in flight per worker (default 8)")
-    parser.add_argument("--tpot-ms", type=float, default=300.0, help="TPOT target in ms (default 300)")
-    parser.add_argument("--drain-s", type=float, default=120.0)
+    add_replay_arguments(parser)
     parser.add_argument("--round-s", type=float, default=2.0, help="the fleet's round period (default 2 s)")
     parser.add_argument("--repeats", type=int, default=2, help="repeats; odd ones reverse the row order")
     parser.add_argument("--job", default=None, help="LlamaFactory YAML (default: the demo job)")

@@ -4,20 +4,18 @@ import argparse
 import signal
 import sys
 
-from harvest.cli.model_flag import add_model_path
+from harvest.cli.model_flag import add_worker_parser
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "deploy",
+    parser = add_worker_parser(
+        subparsers, "deploy",
         help="run prefill worker + harvest decode worker + sglang-router on this host (real KV transfer)",
         description="Start a plain SGLang prefill worker, `harvest serve` as the decode worker and sglang-router "
         "in PD mode on one host, with mooncake moving the KV cache between the workers (over TCP on loopback "
         "without an RDMA device, over --ib-device with one). Prints the router URL; Ctrl-C or SIGTERM stops all "
         "three. Flags not listed here go to `harvest serve` (e.g. --finetune JOB.yaml --tpot-slo-ms 300).",
-        allow_abbrev=False,
     )
-    add_model_path(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
     parser.add_argument("--port", "--router-port", dest="router_port", type=int, default=30000,
                         help="router port, where clients send requests (default 30000)")

@@ -3,7 +3,7 @@
 import argparse
 import os
 
-from harvest.cli.model_flag import add_model_path
+from harvest.cli.model_flag import add_worker_parser
 from harvest.config import AdminConfig, Colocation, ServeConfig, colocation_mode
 
 # FinetuneConfig fields as `harvest serve` spells them, for error messages.
@@ -12,17 +12,15 @@ SERVE_FLAGS = {"num_window_layers": "--finetune-window-layers", "max_unit_ms": "
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "serve",
+    parser = add_worker_parser(
+        subparsers, "serve",
         help="run an SGLang decode worker with harvest inside",
         description="Run an SGLang decode worker (--disaggregation-mode decode) with harvest in its scheduler "
         "process. Every flag not listed here is SGLang's (see `python -m sglang.launch_server --help`). "
         "Unless given, harvest adds --disaggregation-transfer-backend fake (a lone worker); on a GPU "
         "--attention-backend triton; with --finetune --disable-overlap-schedule; on a host without a GPU "
         "--device cpu --attention-backend torch_native --disable-cuda-graph --disable-overlap-schedule.",
-        allow_abbrev=False,
     )
-    add_model_path(parser)
     parser.add_argument("--admin-host", default="127.0.0.1", help="admin HTTP address (default 127.0.0.1)")
     parser.add_argument("--admin-port", type=int, default=30100, help="admin HTTP port (default 30100)")
     parser.add_argument("--admin-token", default=None,

@@ -14,6 +14,7 @@ latency over the median interval between consecutive step ends, ~1 for a one-ste
 
 import asyncio
 import statistics
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -32,19 +33,19 @@ SPARE_STEPS = 4  # requests join the batch over a scheduler loop or two; extra t
 NUM_ATTEMPTS = 3  # a busy host can stagger the joins past the spare steps; the point is then sent again
 
 
+@dataclass(slots=True)
 class DecodeProfiler:
-    def __init__(self, url: str, admin_url: str, grid: PartitionGrid, num_repeats: int, can_pin: bool = False):
-        """`can_pin`: the worker is spatial (`--pin-partition`): every partition is measured by pinning it,
-        with the finetune job resumed for co-run points and paused for solo ones."""
-        self.url = url
-        self.admin_url = admin_url
-        self.grid = grid
-        self.num_repeats = num_repeats
-        self.can_pin = can_pin
-        self._pinned = None
-        self.latency_to_interval: list[float] = []
-        """Per measured point: median step latency / median interval between step ends (1 = one-step records)."""
-        self._next_room = 1_000_000
+    url: str
+    admin_url: str
+    grid: PartitionGrid
+    num_repeats: int
+    can_pin: bool = False
+    """The worker is spatial (`--pin-partition`): every partition is measured by pinning it, with the
+    finetune job resumed for co-run points and paused for solo ones."""
+    latency_to_interval: list[float] = field(default_factory=list, init=False)
+    """Per measured point: median step latency / median interval between step ends (1 = one-step records)."""
+    _pinned: tuple[int, int] | None = field(default=None, init=False)
+    _next_room: int = field(default=1_000_000, init=False)
 
     def measure(self, point: SamplePoint) -> Sample:
         for attempt in range(NUM_ATTEMPTS):
