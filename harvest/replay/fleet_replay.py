@@ -100,7 +100,7 @@ class FleetReplay:
             "num_rounds": len(finished),
             "rounds_per_hour": round(len(finished) / span_s * 3600, 3),
             "tokens_per_round": round(sum(r.tokens for r in finished) / len(finished), 1) if finished else None,
-            "fleet_tokens_per_s": round(fleet_tokens_per_s, 3),
+            "fleet_tokens_per_s": fleet_tokens_per_s,
             "worker_tokens_per_s_min": round(min(per_worker), 3),
             "worker_tokens_per_s_max": round(max(per_worker), 3),
             "ratio_to_one_worker": round(fleet_tokens_per_s / one_worker, 4) if one_worker else None,
