@@ -9,8 +9,8 @@ import numpy as np
 from base.errors import HarvestError
 from harvest.replay.colocation_policies import POLICY_CLASSES
 from harvest.replay.decode_simulator import DecodeSimulator, DeviceRun
-from harvest.replay.fleet_replay import FleetReplay
 from harvest.replay.finetune_rates import FinetuneRates
+from harvest.replay.fleet_replay import FleetReplay
 from harvest.replay.job_replay import JobReplay
 from harvest.replay.policy_summary import SCHEMA_VERSION, summarize_policy
 from harvest.replay.recorded_device import Recording
