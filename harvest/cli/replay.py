@@ -76,6 +76,27 @@ def add_parser(subparsers) -> None:
                       help="finetune time lost per switch between jobs (window re-fetch; default 2)")
     jobs.add_argument("--job-restart-s", type=float, default=60.0,
                       help="one-at-a-time's worker restart between jobs, no finetune meanwhile (default 60)")
+    fleet = parser.add_argument_group("a fleet of decode workers training one adapter (simulated mode)")
+    fleet.add_argument(
+        "--decode-workers", metavar="N[,N...]", default=None,
+        help="simulate fleets of N harvest workers (e.g. 1,2,8,64), each on its own load, averaging one adapter "
+        "in rounds as `harvest serve --fleet` does; reports rounds per hour, tokens per round, fleet tokens/s, "
+        "steps in target and the rounds' sync cost (results.json's fleet section)",
+    )
+    fleet.add_argument("--fleet-load", default="round-robin", choices=["round-robin", "replica"],
+                       help="round-robin: the window's requests dealt to the workers as a round-robin router does "
+                       "(default); replica: every worker replays the whole window (traffic growing with the fleet)")
+    fleet.add_argument("--fleet-round-tokens", type=int, default=None, help="a worker starts a round after this "
+                       "many trained tokens")
+    fleet.add_argument("--fleet-round-s", type=float, default=None,
+                       help="a worker starts a round after this many seconds (default 60 if neither is given)")
+    fleet.add_argument("--fleet-link-gbps", type=float, default=None,
+                       help="each member's all-reduce bandwidth in Gbit/s (default 10: gloo over TCP between hosts)")
+    fleet.add_argument("--fleet-round-latency-ms", type=float, default=None,
+                       help="a round's fixed time: quorum, fingerprints, commit vote (default 50)")
+    fleet.add_argument("--fleet-adapter-bytes", type=int, default=None,
+                       help="bytes a round all-reduces (default: the memory preset's model, LoRA rank 8 on all "
+                       "seven projections, fp32)")
     parser.set_defaults(func=run)
 
 

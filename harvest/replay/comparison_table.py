@@ -63,6 +63,8 @@ def print_comparison(results: dict, console: Console) -> None:
     console.print(table)
     if "jobs" in results:
         print_jobs(results["jobs"], console)
+    if "fleet" in results:
+        print_fleet(results["fleet"], console)
     for note in [*notes, *results.get("notes", [])]:
         console.print(f"[dim]note: {note}[/dim]")
 
@@ -90,5 +92,37 @@ def print_jobs(jobs: dict, console: Console) -> None:
             _fmt(row["mean_completion_s"]),
             _fmt(row["makespan_s"]),
             str(row["num_switches"]),
+        )
+    console.print(table)
+
+
+def print_fleet(fleet: dict, console: Console) -> None:
+    """One row per fleet size, every worker running the harvest policy on its own load."""
+    policy, cost = fleet["round_policy"], fleet["sync_cost"]
+    every = " or ".join(x for x in (policy["every_tokens"] and f"{policy['every_tokens']} tokens",
+                                    policy["every_s"] and f"{policy['every_s']:g} s") if x)
+    table = Table(
+        title=f"fleet of harvest workers ({fleet['load']} load), a round every {every}",
+        caption=f"sync: {cost['round_latency_ms']:g} ms + ring all-reduce of {cost['adapter_bytes'] / 1e6:.1f} MB at "
+        f"{cost['link_gbps']:g} Gbit/s, charged to finetune time; wasted tokens 0 by design (fleet_sync.py keeps "
+        "what is trained while a round is in flight)",
+    )
+    for column in ("workers", "rounds/h", "tokens/round", "fleet tok/s", "vs one worker", "steps in target (min)",
+                   "sync ms/round", "sync share", "sync lost tok", "wait s/round", "wasted tok"):
+        table.add_column(column, justify="right")
+    for row in fleet["rows"]:
+        attainment = row["steps_in_target_min"]
+        table.add_row(
+            str(row["num_workers"]),
+            _fmt(row["rounds_per_hour"], ".1f"),
+            _fmt(row["tokens_per_round"], ".0f"),
+            _fmt(row["fleet_tokens_per_s"], ".0f"),
+            _fmt(row["ratio_to_one_worker"], ".2f", "x"),
+            _fmt(None if attainment is None else 100 * attainment, ".2f", "%"),
+            _fmt(row["sync_ms_per_round"], ".1f"),
+            _fmt(None if row["sync_share"] is None else 100 * row["sync_share"], ".3f", "%"),
+            _fmt(row["sync_lost_tokens"], ".0f"),
+            _fmt(row["round_wait_s_mean"], ".2f"),
+            str(row["wasted_tokens"]),
         )
     console.print(table)

@@ -51,6 +51,13 @@ class ReplayRunConfig:
     jobs: str | None = None
     job_switch_s: float = 2.0
     job_restart_s: float = 60.0
+    decode_workers: str | None = None
+    fleet_load: str = "round-robin"
+    fleet_round_tokens: int | None = None
+    fleet_round_s: float | None = None
+    fleet_link_gbps: float | None = None
+    fleet_round_latency_ms: float | None = None
+    fleet_adapter_bytes: int | None = None
 
 
 def load_replay_trace(config: ReplayRunConfig):
@@ -85,6 +92,53 @@ def load_job_replay(config: ReplayRunConfig):
     return JobReplay(load_jobs(config.jobs), config.jobs, config.job_switch_s, config.job_restart_s)
 
 
+def load_device(config: ReplayRunConfig):
+    """(profile path, profile, memory) of a simulated replay."""
+    from harvest.replay.replay_config import DeviceMemory
+    from predictor import Profile
+    from predictor.synthetic_profile import SHIPPED_PATH
+
+    profile_path = config.profile or str(SHIPPED_PATH)
+    profile = Profile.load(profile_path)
+    memory = DeviceMemory.for_profile(profile, config.memory).with_kv_capacity(config.kv_capacity_tokens)
+    return profile_path, profile, memory
+
+
+def load_fleet_replay(config: ReplayRunConfig):
+    """--decode-workers, checked before anything runs; None without it."""
+    from harvest.fleet.round_policy import RoundPolicy
+    from harvest.replay.fleet_replay import DEFAULT_ROUND_S, FleetReplay
+    from harvest.replay.fleet_sync_cost import SyncCost
+
+    if config.decode_workers is None:
+        given = [flag for flag, value in (("--fleet-round-tokens", config.fleet_round_tokens),
+                                          ("--fleet-round-s", config.fleet_round_s),
+                                          ("--fleet-link-gbps", config.fleet_link_gbps),
+                                          ("--fleet-round-latency-ms", config.fleet_round_latency_ms),
+                                          ("--fleet-adapter-bytes", config.fleet_adapter_bytes)) if value is not None]
+        if given or config.fleet_load != "round-robin":
+            raise HarvestError(f"{given[0] if given else '--fleet-load'} needs --decode-workers: the fleet it configures")
+        return None
+    if not config.simulate:
+        raise HarvestError("--decode-workers needs --simulate (a live fleet is `harvest bench fleet`)")
+    try:
+        sizes = tuple(int(n) for n in config.decode_workers.split(","))
+    except ValueError:
+        raise HarvestError(f"--decode-workers must be N or N,N,... (whole numbers), got {config.decode_workers!r}") \
+            from None
+    if config.policy not in ("all", "harvest"):
+        raise HarvestError(f"--decode-workers runs the harvest policy: give --policy harvest or all, not {config.policy}")
+    for flag, given in (("--recording", config.recording), ("--jobs", config.jobs)):
+        if given is not None:
+            raise HarvestError(f"--decode-workers with {flag}: the fleet simulates one job on the profile's units; "
+                               "drop one of the two")
+    is_default = config.fleet_round_tokens is None and config.fleet_round_s is None
+    policy = RoundPolicy(config.fleet_round_tokens, DEFAULT_ROUND_S if is_default else config.fleet_round_s)
+    cost = SyncCost.for_memory(load_device(config)[2].name, config.fleet_adapter_bytes, config.fleet_link_gbps,
+                               config.fleet_round_latency_ms)
+    return FleetReplay(sizes, config.fleet_load, policy, cost)
+
+
 def run_replay(config: ReplayRunConfig, console) -> tuple[dict, list[Path]]:
     """Replay, write results.json and the plots, print the comparison; returns the results and what was written."""
     from rich.console import Console
@@ -94,11 +148,12 @@ def run_replay(config: ReplayRunConfig, console) -> tuple[dict, list[Path]]:
     if bool(config.target) == bool(config.simulate):
         raise HarvestError("give exactly one of --target URL (live) and --simulate (with --profile)")
     jobs = load_job_replay(config)
+    fleet = load_fleet_replay(config)
     trace = load_replay_trace(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results = _simulate(config, trace, console, jobs) if config.simulate else _live(config, trace, console)
+    results = _simulate(config, trace, console, jobs, fleet) if config.simulate else _live(config, trace, console)
     results["trace"].update(
         spec=config.trace,
         window=config.window,
@@ -119,18 +174,14 @@ def run_replay(config: ReplayRunConfig, console) -> tuple[dict, list[Path]]:
     return results, written
 
 
-def _simulate(config: ReplayRunConfig, trace, console, jobs=None) -> dict:
+def _simulate(config: ReplayRunConfig, trace, console, jobs=None, fleet=None) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from harvest.replay.recorded_device import Recording
-    from harvest.replay.replay_config import POLICIES, DeviceMemory, ReplayConfig
+    from harvest.replay.replay_config import POLICIES, ReplayConfig
     from harvest.replay.replay_simulation import ReplaySimulation
-    from predictor import Profile
-    from predictor.synthetic_profile import SHIPPED_PATH
 
-    profile_path = config.profile or str(SHIPPED_PATH)
-    profile = Profile.load(profile_path)
-    memory = DeviceMemory.for_profile(profile, config.memory).with_kv_capacity(config.kv_capacity_tokens)
+    profile_path, profile, memory = load_device(config)
     console.print(f"memory preset {memory.name}: {memory.basis}")
     replay_config = ReplayConfig(
         tpot_slo_ms=config.tpot_ms,
@@ -161,7 +212,8 @@ def _simulate(config: ReplayRunConfig, trace, console, jobs=None) -> dict:
             state["last"] = min(t_s, span_s)
             progress.update(task, completed=state["done"] + state["last"], description=policy)
 
-        results = simulation.run(trace, on_progress, jobs)
+        results = simulation.run(trace, on_progress, jobs, fleet,
+                                 lambda n, s: console.print(f"fleet of {n}: simulated in {s:.1f} s"))
     if jobs is not None:
         from harvest.replay.job_trace import JobArrival, write_job_trace
 

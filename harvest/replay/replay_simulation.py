@@ -10,6 +10,7 @@ from base.errors import HarvestError
 from harvest.replay.colocation_policies import POLICY_CLASSES
 from harvest.replay.decode_simulator import DecodeSimulator, DeviceRun
 from harvest.replay.finetune_rates import FinetuneRates
+from harvest.replay.fleet_replay import FleetReplay
 from harvest.replay.job_replay import JobReplay
 from harvest.replay.policy_summary import SCHEMA_VERSION, summarize_policy
 from harvest.replay.recorded_device import Recording
@@ -21,14 +22,14 @@ from traces.trace import Trace
 DEDICATED_FINETUNE_DEVICE = {"separate": True, "harvest": True, "temporal": True, "static": False, "oracle": True}
 NUM_DECODE_DEVICES = {"separate": 1, "harvest": 1, "temporal": 1, "static": 2, "oracle": 1}
 
-FLEET = (
-    "The fleet is HARLI's (sec. 8.1): two devices. `separate` decodes on one and finetunes alone on the "
+DEVICES = (
+    "Each policy has HARLI's two devices (sec. 8.1). `separate` decodes on one and finetunes alone on the "
     "other; `harvest` and `temporal` decode on one, harvesting it, and finetune alone on the other; `static` "
     "splits both 60/40 and sends the requests round-robin to the two (HARLI's StaticMode co-locates on both "
-    "GPUs). Finetune tokens/s are the fleet's, over the span until the last request finishes, so "
+    "GPUs). Finetune tokens/s are the two devices', over the span until the last request finishes, so "
     "`separate`'s is exactly the profile's whole-device solo rate and a ratio to it is HARLI's Fig. 11b."
 )
-"""How the policies' devices are counted (written into results.json as `fleet`)."""
+"""How the policies' devices are counted (written into results.json as `devices`)."""
 
 
 class ReplaySimulation:
@@ -44,9 +45,10 @@ class ReplaySimulation:
         return sum(NUM_DECODE_DEVICES[p] for p in self.config.policies)
 
     def run(self, trace: Trace, on_progress: Callable[[str, float], None] | None = None,
-            jobs: JobReplay | None = None) -> dict:
+            jobs: JobReplay | None = None, fleet: FleetReplay | None = None, on_fleet_size=None) -> dict:
         """Simulate every policy; on_progress(policy, simulated seconds done on the current device). `jobs`: a
-        job-arrival trace, driven by the harvest policy once per job policy (the "jobs" section)."""
+        job-arrival trace, driven by the harvest policy once per job policy (the "jobs" section). `fleet`: fleets
+        of harvest workers (the "fleet" section); on_fleet_size(n, seconds) after each size."""
         self._check_fits(trace)
         started = time.perf_counter()
         entries: dict[str, dict] = {}
@@ -93,6 +95,12 @@ class ReplaySimulation:
             t0 = time.perf_counter()
             jobs_entry = jobs.run(self, trace, entries["harvest"]["finetune"]["decode_device_tokens_per_s"])
             timings["jobs"] = round(time.perf_counter() - t0, 3)
+        fleet_entry = None
+        if fleet is not None:
+            t0 = time.perf_counter()
+            fleet_entry = fleet.run(self, trace, entries["harvest"]["finetune"]["decode_device_tokens_per_s"],
+                                    on_fleet_size)
+            timings["fleet"] = round(time.perf_counter() - t0, 3)
         return {
             "schema_version": SCHEMA_VERSION,
             "mode": "simulated",
@@ -117,10 +125,11 @@ class ReplaySimulation:
                 "seed": self.config.seed,
                 "recording": None if self.recording is None else self.recording.name,
             },
-            "fleet": FLEET,
+            "devices": DEVICES,
             "notes": self.notes(),
             "policies": entries,
             **({} if jobs_entry is None else {"jobs": jobs_entry}),
+            **({} if fleet_entry is None else {"fleet": fleet_entry}),
             "simulation_s": {"total": round(time.perf_counter() - started, 3), **timings},
         }
 
