@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = LighthouseServer(bind=args.bind, min_replicas=args.min_replicas, join_timeout_ms=args.join_timeout_ms,
                                   heartbeat_timeout_ms=args.heartbeat_timeout_ms)
-    except Exception as e:  # torchft raises a bare RuntimeError for a taken or malformed address
+    except RuntimeError as e:  # torchft's error for a taken or malformed address
         print(f"lighthouse: error: cannot listen on {args.bind}: {e}", file=sys.stderr)
         return 2
     print(f"lighthouse: listening on {args.bind}", file=sys.stderr, flush=True)
