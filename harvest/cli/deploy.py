@@ -1,4 +1,5 @@
-"""`harvest deploy`: a PD deployment on one host (SGLang prefill worker, harvest decode worker, router)."""
+"""`harvest deploy`: a PD deployment on one host (SGLang prefill worker, N harvest decode workers, router, and
+with a finetune job and N > 1 the fleet's torchft lighthouse)."""
 
 import argparse
 import signal
@@ -10,11 +11,13 @@ from harvest.cli.model_flag import add_worker_parser
 def add_parser(subparsers) -> None:
     parser = add_worker_parser(
         subparsers, "deploy",
-        help="run prefill worker + harvest decode worker + sglang-router on this host (real KV transfer)",
+        help="run prefill worker + harvest decode worker(s) + sglang-router on this host (real KV transfer)",
         description="Start a plain SGLang prefill worker, `harvest serve` as the decode worker and sglang-router "
         "in PD mode on one host, with mooncake moving the KV cache between the workers (over TCP on loopback "
-        "without an RDMA device, over --ib-device with one). Prints the router URL; Ctrl-C or SIGTERM stops all "
-        "three. Flags not listed here go to `harvest serve` (e.g. --finetune JOB.yaml --tpot-slo-ms 300).",
+        "without an RDMA device, over --ib-device with one). With --decode-workers N > 1 and a --finetune job the "
+        "decode workers train the job as one fleet (torchft lighthouse started here, shard K/N each). Prints the "
+        "router URL; Ctrl-C or SIGTERM stops everything. Flags not listed here go to `harvest serve` (e.g. "
+        "--finetune JOB.yaml --tpot-slo-ms 300).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
     parser.add_argument("--port", "--router-port", dest="router_port", type=int, default=30000,
@@ -22,10 +25,17 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--router-metrics-port", type=int, default=29000, help="router Prometheus port (default 29000)")
     parser.add_argument("--prefill-port", type=int, default=30010, help="prefill worker port (default 30010)")
     parser.add_argument("--bootstrap-port", type=int, default=8998, help="prefill KV bootstrap port (default 8998)")
-    parser.add_argument("--decode-port", type=int, default=30001, help="decode worker port (default 30001)")
-    parser.add_argument("--admin-port", type=int, default=30100, help="harvest admin port (default 30100)")
+    parser.add_argument("--decode-port", type=int, default=30001,
+                        help="decode worker port; worker K takes this + K (default 30001)")
+    parser.add_argument("--admin-port", type=int, default=30100,
+                        help="harvest admin port; worker K takes this + K (default 30100)")
     parser.add_argument("--first-transfer-port", type=int, default=31000,
-                        help="first of the 200 ports mooncake's RPC may use (default 31000)")
+                        help="first of the 100 x (1 + N) ports mooncake's RPC may use (default 31000)")
+    parser.add_argument("--decode-workers", type=int, default=1,
+                        help="harvest decode workers behind the router; with --finetune and N > 1 they train the job "
+                        "as one fleet (default 1)")
+    parser.add_argument("--lighthouse-port", type=int, default=29510,
+                        help="the fleet's torchft lighthouse (N > 1 with --finetune; default 29510)")
     parser.add_argument("--ib-device", default=None,
                         help="RDMA device for the KV transfer, e.g. mlx5_0 (GPU hosts; default: TCP)")
     parser.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool of each worker (default 16384)")
@@ -45,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         model_path=args.model_path or EMBEDDED_MODEL_PLACEHOLDER, log_dir=Path(args.log_dir), host=args.host,
         router_port=args.router_port, router_metrics_port=args.router_metrics_port, prefill_port=args.prefill_port,
         bootstrap_port=args.bootstrap_port, decode_port=args.decode_port, admin_port=args.admin_port,
-        first_transfer_port=args.first_transfer_port, ib_device=args.ib_device,
+        first_transfer_port=args.first_transfer_port, decode_workers=args.decode_workers,
+        lighthouse_port=args.lighthouse_port, ib_device=args.ib_device,
         max_total_tokens=args.max_total_tokens, serve_args=tuple(args.passthrough),
         startup_timeout_s=args.startup_timeout_s,
     )
@@ -59,11 +70,15 @@ def run(args: argparse.Namespace) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
-    print(f"harvest deploy: starting prefill, decode and router; logs in {config.log_dir}", file=sys.stderr)
+    print(f"harvest deploy: starting prefill, {config.decode_workers} decode and router; logs in {config.log_dir}",
+          file=sys.stderr)
     try:
         deployment.start()
-        print(f"router {deployment.url}   decode admin {deployment.admin_url}   "
-              f"(prefill {deployment.prefill.url}, decode {deployment.decode.url})", flush=True)
+        admins = " ".join(d.admin_url for d in deployment.decodes)
+        decodes = ", ".join(d.url for d in deployment.decodes)
+        fleet = f", fleet lighthouse {deployment.lighthouse_url}" if deployment.lighthouse else ""
+        print(f"router {deployment.url}   decode admin {admins}   "
+              f"(prefill {deployment.prefill.url}, decode {decodes}{fleet})", flush=True)
         by_request = wait_until_stopped(deployment, lambda: bool(stopping),
                                         lambda problem: print(f"harvest deploy: error: {problem}", file=sys.stderr))
     finally:

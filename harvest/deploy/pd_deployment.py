@@ -1,15 +1,18 @@
-"""Start, watch and stop the three processes of a one-host PD deployment.
+"""Start, watch and stop the processes of a one-host PD deployment: a prefill worker, N decode workers
+(`harvest serve`), sglang-router over all of them, and with a finetune job and N > 1 a torchft lighthouse that
+makes the decode workers one fleet training the job (harvest/deploy/fleet_workers.py).
 
-Order: the prefill worker and `harvest serve` (the decode worker) start side by side, each health-checked;
-then the router, which must reach both. A stop goes the other way: the router first (no new requests),
-then the decode worker (drains, checkpoints the finetune job), then the prefill worker; each process and
-its children are reaped, so nothing outlives the deployment.
+Order: the lighthouse first (the workers join it at start), then the prefill worker and the decode workers
+side by side, each health-checked; then the router, which must reach them. A stop goes the other way: the
+router first (no new requests), then the decode workers (drain, checkpoint the finetune job), the prefill
+worker, the lighthouse; each process and its children are reaped, so nothing outlives the deployment.
 """
 
 import dataclasses
 import importlib.util
 import logging
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +20,7 @@ from pathlib import Path
 from base.argv import flag_value
 from base.errors import HarvestError
 from base.ports import check_port_free
+from harvest.deploy.fleet_workers import check_fleet_flags, is_fleet, worker_serve_args
 from harvest.sglang.pd_flags import (
     NUM_TRANSFER_PORTS,
     decode_flags,
@@ -43,10 +47,15 @@ class DeployConfig:
     bootstrap_port: int = 8998
     """The prefill worker's KV bootstrap server (SGLang's default port)."""
     decode_port: int = 30001
+    """Decode worker K listens on decode_port + K."""
     admin_port: int = 30100
-    """harvest's admin API on the decode worker."""
+    """harvest's admin API on decode worker K: admin_port + K."""
     first_transfer_port: int = 31000
-    """mooncake's RPC ports: the prefill worker takes the first hundred from here, the decode worker the next."""
+    """mooncake's RPC ports: the prefill worker takes the first hundred from here, each decode worker the next."""
+    decode_workers: int = 1
+    """How many `harvest serve` decode workers; with a finetune job and more than one, they train it as a fleet."""
+    lighthouse_port: int = 29510
+    """The fleet's torchft lighthouse (torchft's default port); unused without a fleet."""
     ib_device: str | None = None
     """RDMA device for the KV transfer (GPU hosts); none means mooncake's TCP transport."""
     max_total_tokens: int | None = 16384
@@ -60,24 +69,46 @@ class DeployConfig:
     its URL (`harvest serve --publish-to`)."""
 
     def __post_init__(self):
-        ports = {"--router-port": self.router_port, "--router-metrics-port": self.router_metrics_port,
-                 "--prefill-port": self.prefill_port, "--bootstrap-port": self.bootstrap_port,
-                 "--decode-port": self.decode_port, "--admin-port": self.admin_port}
+        if self.decode_workers < 1:
+            raise HarvestError(f"--decode-workers must be >= 1, got {self.decode_workers}")
+        check_fleet_flags(self.serve_args, self.decode_workers)
+        ports = self.ports()
         for flag, port in ports.items():
             if not 0 < port < 65536:
                 raise HarvestError(f"{flag} {port} is not a usable TCP port")
-        if not 0 < self.first_transfer_port <= 65536 - 2 * NUM_TRANSFER_PORTS:
+        num_transfer = (1 + self.decode_workers) * NUM_TRANSFER_PORTS
+        if not 0 < self.first_transfer_port <= 65536 - num_transfer:
             raise HarvestError(f"--first-transfer-port {self.first_transfer_port} leaves no room for "
-                               f"{2 * NUM_TRANSFER_PORTS} ports below 65536")
-        if len(set(ports.values())) < len(ports):
-            raise HarvestError(f"the deployment's ports must differ: {ports}")
-        transfer = range(self.first_transfer_port, self.first_transfer_port + 2 * NUM_TRANSFER_PORTS)
+                               f"{num_transfer} ports below 65536")
+        seen: dict[int, str] = {}
+        for flag, port in ports.items():
+            if port in seen:
+                raise HarvestError(f"the deployment's ports must differ: {seen[port]} and {flag} are both {port}")
+            seen[port] = flag
+        transfer = range(self.first_transfer_port, self.first_transfer_port + num_transfer)
         clash = [flag for flag, port in ports.items() if port in transfer]
         if clash:
             raise HarvestError(f"{', '.join(clash)} inside the transfer ports {transfer.start}-{transfer.stop - 1}")
 
+    @property
+    def is_fleet(self) -> bool:
+        return is_fleet(self.serve_args, self.decode_workers)
+
+    def ports(self) -> dict[str, int]:
+        """Every port the deployment binds but mooncake's, by the flag that sets it (decode worker K: "+K")."""
+        ports = {"--router-port": self.router_port, "--router-metrics-port": self.router_metrics_port,
+                 "--prefill-port": self.prefill_port, "--bootstrap-port": self.bootstrap_port}
+        for k in range(self.decode_workers):
+            suffix = f"+{k}" if self.decode_workers > 1 else ""
+            ports[f"--decode-port{suffix}"] = self.decode_port + k
+            ports[f"--admin-port{suffix}"] = self.admin_port + k
+        if self.is_fleet:
+            ports["--lighthouse-port"] = self.lighthouse_port
+        return ports
+
 
 def free_deploy_ports() -> list[int]:
+    # Decode worker K takes decode/admin port + K: free_ports keeps its ports more than 10 apart.
     """Seven free ports for a deployment (router, metrics, prefill, bootstrap, decode, admin, first transfer
     port), none of the first six inside the transfer ports' range."""
     while True:
@@ -115,21 +146,36 @@ class PDDeployment:
                                     c.max_total_tokens, c.prefill_lora_flags),
             env={**env, **worker_env(is_cpu_host, c.first_transfer_port)},
         )
+        self.lighthouse = None
+        if c.is_fleet:
+            self.lighthouse = WorkerProcess(
+                [], None, 0, c.log_dir / "lighthouse.log",
+                command=[sys.executable, "-m", "harvest.fleet.lighthouse_server", "--bind",
+                         f"{c.host}:{c.lighthouse_port}"], env=env)
         max_tokens = [] if c.max_total_tokens is None else ["--max-total-tokens", str(c.max_total_tokens)]
+        # Every decode worker publishes into the prefill worker too: N publishers of one name there (see README).
         publish_to = ["--publish-to", self.prefill.url] if c.prefill_lora_flags else []
-        self.decode = WorkerProcess(
-            ["--model-path", c.model_path, *max_tokens, *decode_flags(c.host, c.ib_device), *c.serve_args,
-             *publish_to],
-            c.decode_port, c.admin_port, c.log_dir / "decode.log",
-            env={**env, **worker_env(is_cpu_host, c.first_transfer_port + NUM_TRANSFER_PORTS)},
-        )
+        self.decodes = []
+        for k in range(c.decode_workers):
+            serve_args = list(c.serve_args)
+            if c.is_fleet:
+                serve_args = worker_serve_args(c.serve_args, k, c.decode_workers, self.lighthouse_url, c.log_dir)
+            log = c.log_dir / ("decode.log" if c.decode_workers == 1 else f"decode-{k}.log")
+            self.decodes.append(WorkerProcess(
+                ["--model-path", c.model_path, *max_tokens, *decode_flags(c.host, c.ib_device), *serve_args,
+                 *publish_to],
+                c.decode_port + k, c.admin_port + k, log,
+                env={**env, **worker_env(is_cpu_host, c.first_transfer_port + (1 + k) * NUM_TRANSFER_PORTS)},
+            ))
+        self.decode = self.decodes[0]
         self.router = WorkerProcess(
             [], c.router_port, 0, c.log_dir / "router.log",
             command=router_command(c.host, c.router_metrics_port, self.prefill.url, c.bootstrap_port,
-                                   self.decode.url, int(c.startup_timeout_s)),
+                                   [d.url for d in self.decodes], int(c.startup_timeout_s)),
             env=env,
         )
         self.prefill_exit_code: int | None = None
+        self.exited: set[str] = set()  # names check() has reported
 
     @property
     def url(self) -> str:
@@ -139,14 +185,21 @@ class PDDeployment:
     def admin_url(self) -> str:
         return self.decode.admin_url
 
+    @property
+    def lighthouse_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.lighthouse_port}"
+
     def start(self) -> "PDDeployment":
-        """Start all three and wait until each serves; on any failure stop what started and raise."""
+        """Start every process and wait until each serves; on any failure stop what started and raise."""
         timeout_s = self.config.startup_timeout_s
-        # No `with`: on an error or Ctrl-C the pool must not wait for the other worker to become ready.
-        pool = ThreadPoolExecutor(2)
+        # No `with`: on an error or Ctrl-C the pool must not wait for the other workers to become ready.
+        pool = ThreadPoolExecutor(1 + len(self.decodes))
         try:
-            workers = [pool.submit(self._start, "prefill worker", self.prefill, timeout_s),
-                       pool.submit(self._start, "decode worker (harvest serve)", self.decode, timeout_s)]
+            if self.lighthouse is not None:
+                self._start_lighthouse(timeout_s)
+            workers = [pool.submit(self._start, "prefill worker", self.prefill, timeout_s)]
+            workers += [pool.submit(self._start, self._decode_name(k), decode, timeout_s)
+                        for k, decode in enumerate(self.decodes)]
             for worker in workers:
                 worker.result()
             self._start("router", self.router, timeout_s)
@@ -157,6 +210,20 @@ class PDDeployment:
             raise
         pool.shutdown()
         return self
+
+    def _decode_name(self, k: int) -> str:
+        return "decode worker (harvest serve)" if len(self.decodes) == 1 else f"decode worker {k} (harvest serve)"
+
+    def _start_lighthouse(self, timeout_s: float) -> None:
+        self.lighthouse.launch()
+        port = self.config.lighthouse_port
+        try:
+            ready = self.lighthouse.wait_until_ok("/status", timeout_s, "lighthouse", port=port)
+        except HarvestError as e:
+            raise HarvestError(f"fleet lighthouse: {e}") from None
+        if not ready:
+            raise HarvestError(f"fleet lighthouse: not answering on port {port} after {timeout_s:.0f} s; "
+                               f"log: {self.lighthouse.log_path}")
 
     @staticmethod
     def _start(name: str, process: WorkerProcess, timeout_s: float) -> None:
@@ -170,29 +237,45 @@ class PDDeployment:
         healthy prefill and decode worker (503 "insufficient healthy workers" until then)."""
         if self.router.wait_until_ok("/readiness", timeout_s, "router"):
             return
+        decode = ", ".join(d.url for d in self.decodes)
         raise HarvestError(f"router: no healthy prefill and decode worker reachable after {timeout_s:.0f} s "
-                           f"(prefill {self.prefill.url}, decode {self.decode.url}); log: {self.router.log_path}")
+                           f"(prefill {self.prefill.url}, decode {decode}); log: {self.router.log_path}")
 
     def check(self) -> list[str]:
-        """One line per process that exited since the last check; the prefill worker's loss is not fatal."""
+        """One line per process that exited since the last check. Not fatal: the prefill worker's loss, a
+        decode worker's while another lives (the router drops it; it is not restarted), the lighthouse's."""
         problems = []
         if self.prefill_exit_code is None and self.prefill.proc.poll() is not None:
             self.prefill_exit_code = self.prefill.proc.returncode
             problems.append(f"the prefill worker exited with {self.prefill_exit_code} (log: {self.prefill.log_path}): "
                             "new requests fail at the router; the decode worker keeps serving what it holds")
-        for name, process in (("decode worker", self.decode), ("router", self.router)):
-            if process.proc.poll() is not None:
+        named = [(self._decode_name(k).removesuffix(" (harvest serve)"), d) for k, d in enumerate(self.decodes)]
+        named += [("router", self.router)] + ([("fleet lighthouse", self.lighthouse)] if self.lighthouse else [])
+        for name, process in named:
+            if name not in self.exited and process.proc.poll() is not None:
+                self.exited.add(name)
                 problems.append(f"the {name} exited with {process.proc.returncode} (log: {process.log_path})")
         return problems
 
     def is_fatal(self) -> bool:
-        return any(p.proc is not None and p.proc.poll() is not None for p in (self.decode, self.router))
+        """The router is gone, or every decode worker."""
+        def gone(p):
+            return p.proc is not None and p.proc.poll() is not None
+        return gone(self.router) or all(gone(d) for d in self.decodes)
 
     def stop(self) -> dict[str, int]:
-        """Stop router, decode worker, prefill worker in turn; their exit codes, by name."""
-        codes = {}
-        for name, process in (("router", self.router), ("decode", self.decode), ("prefill", self.prefill)):
-            codes[name] = process.stop()
+        """Stop the router, the decode workers (side by side), the prefill worker and the lighthouse in turn;
+        their exit codes, by name ("decode", or "decode-K" with several)."""
+        codes = {"router": self.router.stop()}
+        with ThreadPoolExecutor(len(self.decodes)) as pool:
+            decode_codes = list(pool.map(lambda d: d.stop(), self.decodes))
+        if len(self.decodes) == 1:
+            codes["decode"] = decode_codes[0]
+        else:
+            codes.update({f"decode-{k}": code for k, code in enumerate(decode_codes)})
+        codes["prefill"] = self.prefill.stop()
+        if self.lighthouse is not None:
+            codes["lighthouse"] = self.lighthouse.stop()
         return codes
 
     def __enter__(self) -> "PDDeployment":
@@ -220,9 +303,8 @@ def prepare_deployment(config):
     from base.system_libs import library_path_with_system_libs
     from harvest.models import resolve_model_path
 
-    for flag in ("router_port", "router_metrics_port", "prefill_port", "bootstrap_port", "decode_port"):
-        check_port_free(config.host, getattr(config, flag), "--" + flag.replace("_", "-"))
-    check_port_free("127.0.0.1", config.admin_port, "--admin-port")
+    for flag, port in config.ports().items():
+        check_port_free("127.0.0.1" if flag.startswith("--admin-port") else config.host, port, flag)
     config = dataclasses.replace(config, model_path=str(resolve_model_path(config.model_path)))
     if importlib.util.find_spec("mooncake") is None:  # the GPU bundle does not carry it
         raise HarvestError("mooncake is not installed: harvest deploy moves the KV with it (pip install "

@@ -63,10 +63,11 @@ def decode_flags(host: str, ib_device: str | None) -> list[str]:
 
 
 def router_command(host: str, metrics_port: int, prefill_url: str, bootstrap_port: int,
-                   decode_url: str, startup_timeout_s: int) -> list[str]:
-    """sglang-router in PD mode; --port follows."""
+                   decode_urls: list[str], startup_timeout_s: int) -> list[str]:
+    """sglang-router in PD mode over every decode worker (its `--decode URL`, once per worker); --port follows."""
+    decode = [arg for url in decode_urls for arg in ("--decode", url)]
     return [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-            "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
+            "--prefill", prefill_url, str(bootstrap_port), *decode,
             "--host", host, "--prometheus-host", host, "--prometheus-port", str(metrics_port),
             "--worker-startup-timeout-secs", str(startup_timeout_s), "--log-level", "warn",
             *ROUTER_HEALTH_FLAGS]
