@@ -113,14 +113,15 @@ def _one_worker(trace, job: dict, model_path: str, run_dir: Path, args: argparse
 
 
 def _lighthouse(run_dir: Path) -> tuple[subprocess.Popen, str]:
-    """torchft's own lighthouse command (its log in the run's folder), and its URL once it answers."""
+    """The fleet's lighthouse as `harvest deploy` runs it (harvest.fleet.lighthouse_server; its log in the run's
+    folder), and its URL once it answers."""
     from harvest.worker.process import free_ports
 
     (port,) = free_ports(1)
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "lighthouse.log", "w") as log:
-        process = subprocess.Popen([str(Path(sys.executable).with_name("torchft_lighthouse")), "--min_replicas", "1",
-                                    "--join_timeout_ms", "1000", "--bind", f"[::]:{port}"], stdout=log, stderr=log)
+        process = subprocess.Popen([sys.executable, "-m", "harvest.fleet.lighthouse_server", "--bind",
+                                    f"127.0.0.1:{port}", "--join-timeout-ms", "1000"], stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
