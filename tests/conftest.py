@@ -111,6 +111,17 @@ def pytest_sessionfinish(session):
         merge()
 
 
+def kill_tree(pid: int) -> None:
+    """kill -9 of a process and every process under it at once, as a crashed machine would."""
+    import signal
+
+    import psutil
+
+    root = psutil.Process(pid)
+    for process in [root, *root.children(recursive=True)]:
+        process.send_signal(signal.SIGKILL)
+
+
 def run_fleet(target, replicas: list[tuple], timeout_s: float) -> dict:
     """Each replica a spawned process running `target(lighthouse_address, *args, queue)` against one torchft
     lighthouse (min_replicas: all of them); returns {first item of each report: the rest}, one report a process."""

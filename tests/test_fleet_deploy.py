@@ -14,6 +14,7 @@ import signal
 import httpx
 import psutil
 import pytest
+from conftest import kill_tree
 from test_pd_deploy import process_env
 
 from base.cuda_driver import ensure_driver_or_stub
@@ -69,8 +70,7 @@ def test_a_killed_decode_worker_leaves_the_fleet_serving_and_training(tmp_path):
             bodies = [generate_request([3 + i, 4, 5, 6, 7], NEW_TOKENS) for i in range(NUM_IN_FLIGHT)]
             replies = asyncio.ensure_future(send(deployment.url, bodies, IN_FLIGHT_TIMEOUT_S))
             await asyncio.sleep(1.0)
-            for process in [psutil.Process(w1.proc.pid), *psutil.Process(w1.proc.pid).children(recursive=True)]:
-                process.send_signal(signal.SIGKILL)
+            kill_tree(w1.proc.pid)
             return await replies
 
         replies = asyncio.run(kill_mid_flight())

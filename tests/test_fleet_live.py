@@ -4,7 +4,6 @@ one leaves the other serving and training; restarted, it takes the fleet's adapt
 same adapter after its first round."""
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx
 import psutil
 import pytest
-from conftest import free_port
+from conftest import free_port, kill_tree
 
 from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.worker.client import prefilled_request, read_stats, wait_for_stats
@@ -60,13 +59,6 @@ def served(worker) -> None:
     assert response.status_code == 200 and len(response.json()["output_ids"]) == 4, response.text
 
 
-def kill_tree(worker) -> None:
-    tree = [psutil.Process(worker.proc.pid), *psutil.Process(worker.proc.pid).children(recursive=True)]
-    for process in tree:
-        process.send_signal(signal.SIGKILL)
-    worker.stop(timeout_s=30)
-
-
 def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill_9(tmp_path):
     from torchft._torchft import LighthouseServer
 
@@ -89,7 +81,8 @@ def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill
             assert published["name"] == ADAPTER and published["error"] is None
             served(worker)
 
-        kill_tree(w1)
+        kill_tree(w1.proc.pid)
+        w1.stop(timeout_s=30)
         round_at_kill = fleet_stats(w0)["round"]
         after = wait_for_fleet(w0, lambda f, _: f["round"] >= round_at_kill + 3 and f["members"] == 1,
                                "the survivor's rounds going on alone")

@@ -2,7 +2,6 @@
 publishing under requests with one cancelled mid-way, and a kill -9 of a worker holding three jobs."""
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -11,10 +10,9 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx
-import psutil
 import pytest
 import yaml
-from conftest import free_port
+from conftest import free_port, kill_tree
 
 from harvest.finetune.checkpoint_store import CheckpointStore
 from harvest.finetune.demo.tiny_job import write_tiny_job
@@ -174,14 +172,6 @@ def test_two_jobs_train_and_publish_and_one_is_cancelled_under_a_replay(worker, 
     assert [(r["num_failed_requests"], r["num_unfinished_requests"]) for r in results] == [(0, 0)] * len(results)
 
 
-def kill_tree(worker) -> None:
-    """kill -9 of the worker and every process under it at once, as a crashed machine would."""
-    tree = [psutil.Process(worker.proc.pid), *psutil.Process(worker.proc.pid).children(recursive=True)]
-    for process in tree:
-        process.send_signal(signal.SIGKILL)
-    worker.stop(timeout_s=30)
-
-
 def test_kill_9_and_restart_resumes_the_set_in_its_states(work):
     jobs_dir = work / "restart-jobs"
     args = worker_args(work, jobs_dir)
@@ -195,7 +185,8 @@ def test_kill_9_and_restart_resumes_the_set_in_its_states(work):
                            "the running job past two checkpoints")
         time.sleep(2)  # the persister's period, so the record holds the latest tokens
     finally:
-        kill_tree(first)
+        kill_tree(first.proc.pid)
+        first.stop(timeout_s=30)
     step_at_kill = run["finetune"]["step"]
 
     with WorkerProcess(args, free_port(), free_port(), work / "restart-2.log").start() as second:

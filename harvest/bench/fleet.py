@@ -13,13 +13,11 @@ repeats; a row run twice is the A/A control.
 import argparse
 import datetime
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import yaml
 
 from base.errors import HarvestError
@@ -112,26 +110,21 @@ def _one_worker(trace, job: dict, model_path: str, run_dir: Path, args: argparse
             "steps_within_target": measured["steps_within_target"], "workers": [measured]}
 
 
-def _lighthouse(run_dir: Path) -> tuple[subprocess.Popen, str]:
-    """The fleet's lighthouse as `harvest deploy` runs it (harvest.fleet.lighthouse_server; its log in the run's
-    folder), and its URL once it answers."""
-    from harvest.worker.process import free_ports
+def _lighthouse(run_dir: Path):
+    """The fleet's lighthouse as `harvest deploy` runs it (harvest.fleet.lighthouse_server, a WorkerProcess
+    polled on /status; its log in the run's folder), and its URL once it answers."""
+    from harvest.worker.process import WorkerProcess, free_ports
 
     (port,) = free_ports(1)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "lighthouse.log", "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "harvest.fleet.lighthouse_server", "--bind",
-                                    f"127.0.0.1:{port}", "--join-timeout-ms", "1000"], stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"{url}/status", timeout=1)
-            return process, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    raise HarvestError(f"torchft's lighthouse did not answer on {url} (see {run_dir / 'lighthouse.log'})")
+    lighthouse = WorkerProcess([], None, 0, run_dir / "lighthouse.log",
+                               command=[sys.executable, "-m", "harvest.fleet.lighthouse_server", "--bind",
+                                        f"127.0.0.1:{port}", "--join-timeout-ms", "1000"])
+    lighthouse.launch()
+    if not lighthouse.wait_until_ok("/status", 30.0, "the fleet's lighthouse", port=port):
+        lighthouse.stop()
+        raise HarvestError(f"the fleet's lighthouse did not answer on port {port} (see {lighthouse.log_path})")
+    return lighthouse, f"http://127.0.0.1:{port}"
 
 
 def _fleet(trace, job: dict, model_path: str, run_dir: Path, args: argparse.Namespace) -> dict:
@@ -153,8 +146,7 @@ def _fleet(trace, job: dict, model_path: str, run_dir: Path, args: argparse.Name
     finally:
         for worker in workers:
             worker.stop()
-        lighthouse.terminate()
-        lighthouse.wait(30)
+        lighthouse.stop()
     replay_s = max(m["replay_s"] for m in measured)
     return {"finetune_tokens_per_s": round(sum(m["tokens"] for m in measured) / replay_s, 2),
             "steps_within_target": min(m["steps_within_target"] for m in measured), "workers": measured}
