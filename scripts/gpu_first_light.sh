@@ -4,9 +4,10 @@
 #
 #   scripts/gpu_first_light.sh [--dry-run] [--bundle DIR] [--caches FILE] [--budget-s N] [--only NAME,...]
 #
-# Stages, in the order that leaves results when the run is cut off: facts -> native build -> doctor ->
-# install -> model make (Llama-3.2-1B shape, random weights) -> temporal worker with the job + a 30 s replay
-# -> spatial worker on a pinned partition + a 30 s replay -> interference check -> JIT and Triton caches.
+# Stages, in the order that leaves results when the run is cut off: facts -> install -> native build (after
+# the install: the driver stub's symbols come from sgl_kernel) -> model make (Llama-3.2-1B shape, random
+# weights) -> temporal worker with the job + a 30 s replay -> spatial worker on a pinned partition + a 30 s
+# replay -> doctor -> interference check -> JIT and Triton caches.
 # Each stage runs under `timeout` (its cap, or what is left of --budget-s) and writes into $OUT as it
 # finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, doctor.jsonl,
 # temporal.tgz, spatial.tgz, interference.jsonl, caches.tgz. --caches FILE (a caches.tgz of an earlier run,
@@ -46,12 +47,12 @@ export HOME=$work/home TMPDIR=$work/tmp XDG_CACHE_HOME=$work/home/.cache TRITON_
 # name, cap in seconds, what it does
 STAGES=(
   "facts 20 GPU, driver, CUDA, cuda-bindings, nvcc, commit -> facts.json"
-  "native 90 csrc/ built here (the CUDA VMM backend with nvcc)"
-  "doctor 100 harvest doctor, every check but the interference one -> doctor.jsonl"
   "install 120 the bundle installed offline into .first-light/site"
+  "native 90 csrc/ built here (the CUDA VMM backend with nvcc; the stub's symbols come from the installed sgl_kernel)"
   "model 60 random Llama-3.2-1B (bf16, drawn on the GPU) with a small tokenizer, and the LoRA job"
-  "temporal 150 temporal worker with the job, 30 s conv replay -> temporal.tgz"
-  "spatial 150 spatial worker pinned to 64,56 SMs with the job, 30 s conv replay -> spatial.tgz"
+  "temporal 200 temporal worker with the job, 30 s conv replay -> temporal.tgz"
+  "spatial 200 spatial worker pinned to 64,56 SMs with the job, 30 s conv replay -> spatial.tgz"
+  "doctor 100 harvest doctor, every check but the interference one -> doctor.jsonl"
   "interference 40 decode beside a saturating finetune partition, %smid confinement -> interference.jsonl"
   "caches 30 the JIT and Triton caches -> caches.tgz"
 )
@@ -86,7 +87,7 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, a 30 s replay, its
   argv_for "serve_$1"
   hv "${ARGV[@]}" >"$dir/worker.log" 2>&1 &
   pid=$!
-  for i in $(seq 100); do
+  for i in $(seq 170); do
     http_get "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
     kill -0 $pid 2>/dev/null || { echo "worker exited before serving (worker.log)"; return 1; }
     sleep 1
