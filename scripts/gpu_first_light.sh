@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first GPU run of harvest: one prepared run that fits 8 minutes of wall time on one H100, the install
+# The first GPU run of harvest: one prepared run that fits 10 minutes of wall time on one H100, the install
 # included, carried in one device call (the checkout and the bundle's parts <= 60 MiB).
 #
 #   scripts/gpu_first_light.sh [--dry-run] [--bundle DIR] [--caches FILE] [--budget-s N] [--only NAME,...]
@@ -19,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-dry_run=0; bundle=bundle; caches=""; budget_s=470; only=""
+dry_run=0; bundle=bundle; caches=""; budget_s=560; only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -50,8 +50,8 @@ STAGES=(
   "install 120 the bundle installed offline into .first-light/site"
   "native 90 csrc/ built here (the CUDA VMM backend with nvcc; the stub's symbols come from the installed sgl_kernel)"
   "model 60 random Llama-3.2-1B (bf16, drawn on the GPU) with a small tokenizer, and the LoRA job"
-  "temporal 200 temporal worker with the job, 30 s conv replay -> temporal.tgz"
-  "spatial 200 spatial worker pinned to 64,56 SMs with the job, 30 s conv replay -> spatial.tgz"
+  "temporal 260 temporal worker with the job, 30 s conv replay -> temporal.tgz"
+  "spatial 220 spatial worker pinned to 64,56 SMs with the job, 30 s conv replay -> spatial.tgz"
   "doctor 100 harvest doctor, every check but the interference one -> doctor.jsonl"
   "interference 40 decode beside a saturating finetune partition, %smid confinement -> interference.jsonl"
   "caches 30 the JIT and Triton caches -> caches.tgz"
@@ -81,13 +81,32 @@ http_get() {  # $1 URL -> stdout; fails if it does not answer 200
   "$python" -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())" "$1"
 }
 
+free_ports() {  # kill what still listens on the worker's ports, with its tree: a worker outlives a stage cut
+  # short by `timeout` (it drains and checkpoints its job once its supervisor is gone), and the next stage's
+  # health check would reach it instead of its own worker (the H100 run of 2026-11-27)
+  "$python" - "$port" "$admin_port" <<'EOF'
+import sys, psutil
+ports = {int(p) for p in sys.argv[1:]}
+owners = {c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port in ports and c.pid}
+procs = [p for pid in owners for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]]
+for p in procs:
+    try:
+        p.kill()
+    except psutil.NoSuchProcess:
+        pass
+psutil.wait_procs(procs, timeout=10)
+print(f"free_ports: killed {len(procs)} process(es) on {sorted(ports)}" if procs else "", end="")
+EOF
+}
+
 run_worker() {  # $1 temporal|spatial: a worker with the job, a 30 s replay, its stats and step records
   local dir=$work/$1 pid rc=1 i
   rm -rf "$dir" && mkdir -p "$dir"
+  free_ports
   argv_for "serve_$1"
   hv "${ARGV[@]}" >"$dir/worker.log" 2>&1 &
   pid=$!
-  for i in $(seq 170); do
+  for i in $(seq 230); do
     http_get "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
     kill -0 $pid 2>/dev/null || { echo "worker exited before serving (worker.log)"; return 1; }
     sleep 1
@@ -211,7 +230,7 @@ fi
 
 mkdir -p "$out"
 [ -n "$caches" ] && [ -f "$caches" ] && tar xzf "$caches" -C "$HOME"
-export -f hv argv_for http_get run_worker $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
+export -f hv argv_for http_get free_ports run_worker $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
 started=$(date +%s)
 for entry in "${STAGES[@]}"; do
   read -r name cap desc <<<"$entry"
@@ -223,7 +242,7 @@ for entry in "${STAGES[@]}"; do
   t0=$(date +%s)
   timeout -k 5 "$limit" bash -c "stage_$name" >>"$out/stages.log" 2>&1
   rc=$?
-  [ "$name" = temporal ] || [ "$name" = spatial ] && pack_run "$name"
+  if [ "$name" = temporal ] || [ "$name" = spatial ]; then pack_run "$name"; free_ports >>"$out/stages.log" 2>&1; fi
   echo "== $name rc=$rc in $(( $(date +%s) - t0 ))s" | tee -a "$out/stages.log"
 done
 echo "first light done in $(( $(date +%s) - started ))s: $out"

@@ -49,3 +49,19 @@ def test_doctor_gpu_checks_pass_on_a_gpu(harvest_cli):
                           text=True, timeout=1800, check=False)
     lines = {line["check"]: line for line in map(json.loads, proc.stdout.splitlines())}
     assert {name: lines[name]["status"] for name in must_pass} == dict.fromkeys(must_pass, PASS), proc.stdout
+
+
+@pytest.mark.parametrize("record_only, status", [(True, "INFO"), (False, FAIL)])
+def test_an_isolated_check_whose_process_dies_keeps_the_error_and_the_frame(monkeypatch, record_only, status):
+    """On the H100 the raw unmap under a copy aborted its process and the doctor kept only the last 600
+    characters of a C++ backtrace, not the error. A record-only probe's death is its finding (INFO)."""
+    from harvest.doctor import runner
+
+    stderr = "terminate called after throwing 'c10::Error': CUDA error: an illegal memory access\n" + "frame\n" * 400
+    died = subprocess.CompletedProcess(args=[], returncode=-6, stdout="", stderr=stderr)
+    monkeypatch.setattr(runner.subprocess, "run", lambda *a, **k: died)
+    check = Check("probe", dict, expected="", if_different="", isolated=True, record_only=record_only)
+    values = runner._run_isolated(check)
+    assert values["status"] == status and values["returncode"] == -6
+    assert values["stderr"].startswith("terminate called") and values["stderr"].endswith("frame\n")
+    assert len(values["stderr"]) < len(stderr)

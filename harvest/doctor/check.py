@@ -18,6 +18,9 @@ class Check:
     """Run in a subprocess of its own: the check may leave the CUDA context dead (a fault is its finding)."""
     gate: bool = False
     """Later checks of the same tier depend on it: a FAIL here skips them."""
+    record_only: bool = False
+    """It records what the device does and harvest's code is not under test: an isolated process that dies is
+    its finding (INFO), not a FAIL."""
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from harvest.doctor.check import FAIL, SKIP, Check, CheckResult
+from harvest.doctor.check import FAIL, INFO, SKIP, Check, CheckResult
 from harvest.doctor.gpu_memory_checks import GPU_MEMORY_CHECKS
 from harvest.doctor.gpu_partition_checks import GPU_PARTITION_CHECKS
 from harvest.doctor.gpu_stack_checks import GPU_STACK_CHECKS
@@ -61,8 +61,14 @@ def _run_isolated(check: Check) -> dict:
         return {"status": FAIL, "error": f"timed out after {ISOLATED_TIMEOUT_S} s (a hang)"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        return {"status": FAIL, "returncode": proc.returncode, "stderr": proc.stderr[-600:]}
+        return {"status": INFO if check.record_only else FAIL, "outcome": "process died",
+                "returncode": proc.returncode, "stderr": _head_and_tail(proc.stderr)}
     return json.loads(lines[-1])
+
+
+def _head_and_tail(text: str, keep: int = 600) -> str:
+    """The error is at the head of a crash's stderr, the frame that raised it at the tail."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]} [...] {text[-keep:]}"
 
 
 def _main(name: str) -> int:
