@@ -1,6 +1,7 @@
 """FinetuneJob isolates failures of the real engine and runs it only when told to."""
 
 import gc
+import threading
 import time
 
 import pytest
@@ -35,6 +36,20 @@ def build_job(tmp_path, fail_at_unit: int | None = None) -> FinetuneJob:
     return job
 
 
+def stop_from_scheduler(job: FinetuneJob) -> bool:
+    """request_stop from another thread while this one polls as the scheduler thread does between units."""
+    done = []
+    stopper = threading.Thread(target=lambda: done.append(job.request_stop(timeout_s=30)))
+    stopper.start()
+    deadline = time.monotonic() + 30
+    while stopper.is_alive() and time.monotonic() < deadline:
+        assert job.has_ready_work() or job.state.value == "stopped"  # the query changes nothing ...
+        job.poll()  # ... the scheduler thread's explicit turn between units acts on the request
+        time.sleep(0.01)
+    stopper.join()
+    return done == [True]
+
+
 def test_failure_mid_run_is_contained(tmp_path):
     job = build_job(tmp_path, fail_at_unit=7)
     assert job.state.value == "running", job.error
@@ -67,16 +82,50 @@ def test_pause_blocks_units_and_stop_checkpoints(tmp_path):
         assert job.run_unit() is not None
     assert job.stats()["loss"] is not None
 
-    done = []
-    import threading
-
-    stopper = threading.Thread(target=lambda: done.append(job.request_stop(timeout_s=30)))
-    stopper.start()
-    deadline = time.monotonic() + 30
-    while stopper.is_alive() and time.monotonic() < deadline:
-        assert job.has_ready_work() or job.state.value == "stopped"  # the query changes nothing ...
-        job.poll()  # ... the scheduler thread's explicit turn between units acts on the request
-        time.sleep(0.01)
-    stopper.join()
-    assert done == [True] and job.state.value == "stopped"
+    assert stop_from_scheduler(job) and job.state.value == "stopped"
     assert list((tmp_path / "out").glob("checkpoint-*")), "no checkpoint written on stop"
+
+
+def test_the_fleets_work_at_a_step_end_is_charged_to_that_unit(tmp_path):
+    """A round's work on the unit thread (the adapter's copies, applying a round) runs in the step-end unit's
+    slot: the unit's duration the controller records covers it; other units are the engine's own times."""
+    from torchft.coordination import LighthouseServer
+
+    from harvest.fleet import RoundPolicy
+    from harvest.fleet.fleet_config import FleetConfig
+    from harvest.fleet.fleet_member import join_fleet
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1)
+    engine_ms = []
+
+    def factory(spec):
+        engine = _build_engine(spec)
+        run_next_unit = engine.run_next_unit
+
+        def timed():
+            result = run_next_unit()
+            engine_ms.append(result.duration_ms)
+            return result
+
+        engine.run_next_unit = timed
+        return engine
+
+    config = FleetConfig(lighthouse.address(), "r0", (0, 1), RoundPolicy(every_tokens=1),
+                         checkpoint_dir=str(tmp_path / "rounds"), timeout_s=10)
+
+    job = FinetuneJob(FinetuneConfig(yaml_path=str(write_tiny_job(tmp_path, max_steps=50, save_steps=1000))),
+                      engine_factory=factory,
+                      fleet_join=lambda engine: join_fleet(engine, config))
+    try:
+        job.start()
+        assert job.wait_built(timeout_s=120), job.error
+        results = []
+        while sum(r.is_step_end for r in results) < 3:
+            results.append(job.run_unit())
+        step_ends = [(r.duration_ms, ms) for r, ms in zip(results, engine_ms) if r.is_step_end]
+        assert all(charged > own for charged, own in step_ends), step_ends
+        assert all(r.duration_ms == ms for r, ms in zip(results, engine_ms) if not r.is_step_end)
+        assert job.stats()["fleet"]["round"] >= 2
+    finally:
+        assert stop_from_scheduler(job)
+        lighthouse.shutdown()

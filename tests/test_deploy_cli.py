@@ -59,6 +59,16 @@ def test_a_publishing_job_gives_the_prefill_worker_its_lora_flags_and_the_decode
     assert "--publish-to" not in plain.decode.argv
 
 
+def test_the_prefill_worker_gets_the_kv_bootstrap_timeout_under_sglangs_own_name(tmp_path, monkeypatch):
+    deployment = PDDeployment(DeployConfig(model_path="M", log_dir=tmp_path, kv_bootstrap_timeout_s=15),
+                              is_cpu_host=True)
+    env = deployment.prefill._env
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"])
+    from sglang.srt.environ import envs
+
+    assert envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get() == 15   # what the prefill's KV sender reads
+
+
 def test_worker_env_keeps_loopback_and_disjoint_rpc_ports():
     prefill, decode = worker_env(True, 31000), worker_env(True, 31000 + NUM_TRANSFER_PORTS)
     assert prefill["SGLANG_HOST_IP"] == "127.0.0.1" and prefill["SGLANG_USE_CPU_ENGINE"] == "1"
@@ -70,6 +80,7 @@ def test_worker_env_keeps_loopback_and_disjoint_rpc_ports():
     ({"bootstrap_port": 70000}, "--bootstrap-port 70000 is not a usable TCP port"),
     ({"decode_port": 30000}, "ports must differ"),
     ({"first_transfer_port": 28950}, "^--router-metrics-port inside the transfer ports 28950-29149$"),
+    ({"kv_bootstrap_timeout_s": 0}, "^--kv-bootstrap-timeout-s must be >= 1, got 0$"),
 ])
 def test_deploy_config_names_the_bad_port(tmp_path, overrides, message):
     with pytest.raises(HarvestError, match=message):
@@ -78,7 +89,7 @@ def test_deploy_config_names_the_bad_port(tmp_path, overrides, message):
 
 def test_bad_flags_are_one_line_errors(harvest_cli, tmp_path):
     bad = [["--port", "0"], ["--decode-port", "30000"], ["--model-path", str(tmp_path)], ["--decode-workers", "0"],
-           ["--decode-workers", "2", "--admin-port", "30002"]]
+           ["--decode-workers", "2", "--admin-port", "30002"], ["--kv-bootstrap-timeout-s", "0"]]
     for flags in bad:
         proc = subprocess.run([*harvest_cli, "deploy", *flags, "--log-dir", str(tmp_path)],
                               capture_output=True, text=True, timeout=120)

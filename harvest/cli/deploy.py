@@ -41,6 +41,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool of each worker (default 16384)")
     parser.add_argument("--log-dir", default="runs/deploy", help="folder for the three logs (default runs/deploy)")
     parser.add_argument("--startup-timeout-s", type=float, default=600.0, help="per process (default 600)")
+    parser.add_argument("--kv-bootstrap-timeout-s", type=int, default=60,
+                        help="the prefill worker fails a request whose decode worker has not taken its KV by then, so "
+                        "the router retries or answers it (SGLang's default 300; default 60)")
     parser.set_defaults(func=run, accepts_passthrough=True)
 
 
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         first_transfer_port=args.first_transfer_port, decode_workers=args.decode_workers,
         lighthouse_port=args.lighthouse_port, ib_device=args.ib_device,
         max_total_tokens=args.max_total_tokens, serve_args=tuple(args.passthrough),
-        startup_timeout_s=args.startup_timeout_s,
+        startup_timeout_s=args.startup_timeout_s, kv_bootstrap_timeout_s=args.kv_bootstrap_timeout_s,
     )
     deployment = prepare_deployment(config)
     stopping = []

@@ -5,6 +5,7 @@ Runs in the scheduler thread (units, checkpoints); the admin thread only flips f
 stats cached after each unit.
 """
 
+import dataclasses
 import functools
 import gc
 import logging
@@ -186,11 +187,19 @@ class FinetuneJob:
         self._unit_ms_total += result.duration_ms
         if result.is_step_end:
             self._num_samples += self._samples_per_step
+            started = time.perf_counter()
             try:
                 self._fleet_step_end()
             except Exception as e:  # noqa: BLE001 - a broken fleet fails the job, never the worker
                 self._fail(e)
                 return None
+            if self.fleet is not None:
+                # The round's work on this thread (the adapter's copies, applying a round, the writer's
+                # checkpoint) runs in this unit's slot: charged to it, so the unit times the controller
+                # plans with include it.
+                fleet_ms = (time.perf_counter() - started) * 1e3
+                self._unit_ms_total += fleet_ms
+                result = dataclasses.replace(result, duration_ms=result.duration_ms + fleet_ms)
             self._refresh_stats()
             every = self.publish_every_steps
             if every is not None and self.engine.global_step % every == 0:

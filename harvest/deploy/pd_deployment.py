@@ -25,6 +25,7 @@ from harvest.sglang.pd_flags import (
     NUM_TRANSFER_PORTS,
     decode_flags,
     prefill_command,
+    prefill_env,
     router_command,
     worker_env,
 )
@@ -63,6 +64,8 @@ class DeployConfig:
     serve_args: tuple[str, ...] = ()
     """Further flags for `harvest serve` (the finetune job, the TPOT target, SGLang flags)."""
     startup_timeout_s: float = 300.0
+    kv_bootstrap_timeout_s: int = 60
+    """Seconds the prefill worker waits for a decode worker to take a request's KV before it fails the request."""
     prefill_lora_flags: tuple[str, ...] = ()
     """SGLang's LoRA flags for the prefill worker when the decode worker's job publishes its adapter (set by
     prepare_deployment from the job): the prefill worker loads every version, and the decode worker is told
@@ -71,6 +74,8 @@ class DeployConfig:
     def __post_init__(self):
         if self.decode_workers < 1:
             raise HarvestError(f"--decode-workers must be >= 1, got {self.decode_workers}")
+        if self.kv_bootstrap_timeout_s < 1:
+            raise HarvestError(f"--kv-bootstrap-timeout-s must be >= 1, got {self.kv_bootstrap_timeout_s}")
         check_fleet_flags(self.serve_args, self.decode_workers)
         ports = self.ports()
         for flag, port in ports.items():
@@ -144,7 +149,7 @@ class PDDeployment:
             [], c.prefill_port, 0, c.log_dir / "prefill.log",
             command=prefill_command(c.model_path, c.host, c.bootstrap_port, is_cpu_host, c.ib_device,
                                     c.max_total_tokens, c.prefill_lora_flags),
-            env={**env, **worker_env(is_cpu_host, c.first_transfer_port)},
+            env={**env, **worker_env(is_cpu_host, c.first_transfer_port), **prefill_env(c.kv_bootstrap_timeout_s)},
         )
         self.lighthouse = None
         if c.is_fleet:

@@ -43,7 +43,9 @@ class RoundResult:
 
 
 def make_manager(lighthouse_addr: str, replica_id: str, min_members: int, timeout_s: float, state_fns):
-    """A torchft Manager for a one-process replica group: its own TCPStore and gloo process group."""
+    """A torchft Manager for a one-process replica group: its own TCPStore and gloo process group. Gloo on a GPU
+    host too: a round's buffer is the adapter's delta on the host (megabytes, once a round), and NCCL would run
+    its all-reduce as kernels on the SMs that decode and the job share, outside any unit the controller plans."""
     from torch.distributed import TCPStore
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo

@@ -32,6 +32,13 @@ def worker_env(is_cpu_host: bool, first_rpc_port: int) -> dict[str, str]:
     return {**env, **CPU_ENGINE_ENV} if is_cpu_host else env
 
 
+def prefill_env(kv_bootstrap_timeout_s: int) -> dict[str, str]:
+    """How long the prefill worker holds a request whose decode worker has not taken its KV. SGLang waits 300 s;
+    a request in flight on a decode worker that died then holds the router until the client gives up, since the
+    router joins both legs of a request. Failed sooner, the router retries it on a live pair or returns the error."""
+    return {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(kv_bootstrap_timeout_s)}
+
+
 def transfer_flags(ib_device: str | None) -> list[str]:
     flags = ["--disaggregation-transfer-backend", TRANSFER_BACKEND]
     return flags + ["--disaggregation-ib-device", ib_device] if ib_device else flags
