@@ -9,6 +9,12 @@ MIB = 1 << 20
 BACKENDS = ("host", "cuda")
 
 
+def kv_reserve_slots(release_ms: float, tpot_ms: float, max_batch: int) -> int:
+    """Token slots kept free for KV growth while lent memory comes back: HARLI 4.4, (T_release / TPOT) *
+    max_batch. The worker's allocator and the simulated replay both reserve by this."""
+    return math.ceil(release_ms / tpot_ms * max_batch)
+
+
 @dataclass(frozen=True, slots=True)
 class AllocatorConfig:
     num_layers: int
@@ -59,8 +65,7 @@ class AllocatorConfig:
 
     @property
     def reserve_slots(self) -> int:
-        """Token slots kept free for KV growth: HARLI 4.4, (T_release / TPOT) * max_batch tokens."""
-        return math.ceil(self.release_ms / self.tpot_target_ms * self.max_batch)
+        return kv_reserve_slots(self.release_ms, self.tpot_target_ms, self.max_batch)
 
     @property
     def reserve_bytes(self) -> int:

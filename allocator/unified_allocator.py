@@ -6,7 +6,7 @@ lend more for an allocation, and when to take memory back
 """
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -47,19 +47,13 @@ class UnifiedAllocator:
         self.chunk_pool = ChunkPool(config, self.backend)
         self.kv_slots: KvSlots | None = None
         self._owner_thread_id: int | None = None
-        self.shrink_one_layer: Callable[[], bool] | None = None
         self.kv_demand_slots = 0
         self.num_reclaimed_chunks = 0
-        self.num_shrink_calls = 0
 
     def attach_kv_slots(self, kv_slots: KvSlots) -> None:
         """Called on the thread that owns the KV pool (SGLang's scheduler thread): only it lends or restores."""
         self.kv_slots = kv_slots
         self._owner_thread_id = threading.get_ident()
-
-    def set_reclaim_callback(self, shrink_one_layer: Callable[[], bool]) -> None:
-        """The finetune side's `shrink_one_layer() -> bool`: drop one layer of its window, free its blocks."""
-        self.shrink_one_layer = shrink_one_layer
 
     @property
     def reserve_slots(self) -> int:
@@ -139,29 +133,26 @@ class UnifiedAllocator:
         return len(idle)
 
     def maybe_reclaim(self, allow_drain: bool = False) -> int:
-        """Call once per decode step: while free KV slots are under the floor, return an idle lent
-        chunk, else drain the least-used one into free blocks of the others, else ask the finetune
-        side to shrink by one layer - once per call, so decode waits on at most one shrink. Returns
-        chunks handed back to KV. allow_drain only where no finetune work is touching its tensors
-        (between finetune units): a drain copies blocks, then remaps them."""
+        """While free KV slots are under the floor, return an idle lent chunk, else drain the least-used one into
+        free blocks of the others. Returns chunks handed back to KV; `needs_reclaim()` says if that was not
+        enough (the lender then asks the job to free memory). allow_drain only where no finetune work is
+        touching its tensors (between finetune units): a drain copies blocks, then remaps them."""
         self._require_kv_slots()
         num_returned = 0
-        asked = False
         ledger = self.chunk_pool.ledger
-        while self.kv_slots.available_size() < self.kv_floor_slots and ledger.lent_chunk_ids():
+        while self.needs_reclaim():
             if not ledger.idle_chunk_ids() and allow_drain:
                 least_used = min(ledger.lent_chunk_ids(), key=lambda c: (len(ledger.used_blocks_of(c)), -c))
                 self.chunk_pool.drain(least_used)
-            if ledger.idle_chunk_ids():
-                num_returned += self.return_idle_chunks(1)
-            elif not asked and self.shrink_one_layer is not None:
-                asked = True
-                self.num_shrink_calls += 1
-                if not self.shrink_one_layer():
-                    break
-            else:
+            if not ledger.idle_chunk_ids():
                 break
+            num_returned += self.return_idle_chunks(1)
         return num_returned
+
+    def needs_reclaim(self) -> bool:
+        """Free KV slots are under the floor while chunks are lent: decode needs lent memory back. A read of
+        the KV pool, so the owner thread's only."""
+        return self.kv_slots.available_size() < self.kv_floor_slots and bool(self.chunk_pool.ledger.lent_chunk_ids())
 
     @property
     def is_owner_thread(self) -> bool:
@@ -206,7 +197,6 @@ class UnifiedAllocator:
             "reserve_bytes": self.reserve_bytes,
             "kv_demand_slots": self.kv_demand_slots,
             "num_reclaimed_chunks": self.num_reclaimed_chunks,
-            "num_shrink_calls": self.num_shrink_calls,
         }
 
     def close(self) -> None:

@@ -218,7 +218,13 @@ def test_decode_attention_over_lent_and_reclaimed_chunks_matches_a_plain_pool():
     generator = torch.Generator().manual_seed(1)
     lengths: dict[int, int] = {}
     finetune: list[torch.Tensor] = []
-    allocator.set_reclaim_callback(lambda: bool(finetune) and (allocator.free_tensor(finetune.pop(0)) or True))
+
+    def reclaim():  # as the lender does between steps: the allocator's own moves, then the finetune side frees
+        allocator.maybe_reclaim(allow_drain=True)
+        if allocator.needs_reclaim() and finetune:
+            allocator.free_tensor(finetune.pop(0))
+            allocator.maybe_reclaim(allow_drain=True)
+
     num_lent_total = 0
     for step in range(100):
         if len(lengths) < max_reqs and torch.rand(1, generator=generator).item() < 0.3:
@@ -231,7 +237,7 @@ def test_decode_attention_over_lent_and_reclaimed_chunks_matches_a_plain_pool():
         if not lengths:
             continue
         reqs = sorted(lengths)
-        allocator.maybe_reclaim(allow_drain=True)
+        reclaim()
         for (_, tokens), table in zip(sides, req_to_token):
             new_slots = tokens.alloc(len(reqs))
             assert new_slots is not None

@@ -13,6 +13,7 @@ import torch
 from conftest import lora_state_dict
 
 from base.cuda_driver import ensure_driver_or_stub
+from harvest.colocation.kv_lender import KvLender
 from harvest.finetune import FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
@@ -82,7 +83,7 @@ def test_window_in_lent_chunks_trains_like_torch_memory(job_path):
 
 def test_window_fits_the_lent_memory_and_shrinks_under_kv_pressure(job_path):
     """Lending is capped by KV demand so only part of the window fits: the engine keeps the soonest-needed
-    layers that fit and trains on, and the allocator's reclaim callback (shrink by one layer) gives the
+    layers that fit and trains on, and the lender's reclaim (the engine shrinks by one layer a step) gives the
     chunk back when KV needs it."""
     probe = FinetuneEngine.from_yaml(job_path)
     layer_bytes = probe.window_bytes(1)
@@ -94,7 +95,8 @@ def test_window_fits_the_lent_memory_and_shrinks_under_kv_pressure(job_path):
         # Everything but one chunk is needed by KV: at most one chunk can be lent.
         allocator.set_kv_demand(slots.available_size() - 2 * allocator.config.slots_per_chunk + 1)
         engine = FinetuneEngine.from_yaml(job_path, weight_memory=allocator)
-        allocator.set_reclaim_callback(engine.shrink_window)
+        lender = KvLender(allocator)
+        lender.attach_engine(engine, NUM_LAYERS)
         while engine.num_resident_layers == 0:
             engine.run_next_unit()  # the embedding unit, then the window fills as far as it can
         num_resident = engine.num_resident_layers
@@ -108,14 +110,13 @@ def test_window_fits_the_lent_memory_and_shrinks_under_kv_pressure(job_path):
             engine.run_next_unit()
             assert engine.num_resident_layers <= num_resident
         num_resident = engine.num_resident_layers
-        # Decode needs every slot now: reclaim asks the engine to shrink, one layer per call, and the chunk
+        # Decode needs every slot now: the lender asks the engine to shrink, one layer per step, and the chunk
         # goes back with the last layer in it.
-        allocator.set_kv_demand(slots.size)
         for num_calls in range(1, num_resident + 1):
-            allocator.maybe_reclaim(allow_drain=True)
+            assert lender.rebalance(slots.size, can_grow=False)
             assert engine.num_resident_layers == num_resident - num_calls
             assert allocator.stats()["chunks_lent"] == int(num_calls < num_resident)
-        assert allocator.num_shrink_calls == num_resident and engine.num_window_layers == 0
+        assert lender.num_shrinks == num_resident and engine.num_window_layers == 0
         # Demand gone: the window grows back and training finishes.
         allocator.set_kv_demand(0)
         engine.set_window(NUM_LAYERS)

@@ -22,6 +22,7 @@ import random
 
 import numpy as np
 
+from allocator.config import kv_reserve_slots
 from base.errors import HarvestError
 from harvest.colocation.controller import TemporalController
 from harvest.replay.finetune_rates import FinetuneRates
@@ -54,7 +55,7 @@ class ColocationPolicy:
             recording, self.model, self.full_sms)
         # HARLI sec. 4.4: keep free the KV decode may need while one layer is copied back to the host.
         swap_ms = memory.ft_layer_bytes / memory.host_link_bytes_per_s * 1e3
-        self.reserve_tokens = math.ceil(swap_ms / config.tpot_slo_ms * config.max_running_requests)
+        self.reserve_tokens = kv_reserve_slots(swap_ms, config.tpot_slo_ms, config.max_running_requests)
 
     def device_ms(self, t_s: float, infer_sms: int, ft_sms: int, batch_size: int, seq_len: float) -> float:
         return self.model.predict_colo_ms(infer_sms, ft_sms, batch_size, seq_len) * self.noise(t_s)
