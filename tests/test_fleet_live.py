@@ -6,6 +6,7 @@ same adapter after its first round."""
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -16,7 +17,7 @@ from conftest import free_port, kill_tree
 
 from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.worker.client import prefilled_request, read_stats, wait_for_stats
-from harvest.worker.process import WorkerProcess
+from harvest.worker.process import WorkerProcess, free_ports
 
 pytestmark = pytest.mark.sglang
 
@@ -33,14 +34,31 @@ def wait_for_fleet(worker, check, what: str, timeout_s: float = 240.0) -> dict:
                           timeout_s=timeout_s)["finetune"]
 
 
-def start_worker(work, lighthouse: str, index: int, incarnation: int) -> WorkerProcess:
+def worker_process(work, lighthouse: str, index: int, incarnation: int,
+                   ports: list[int] | None = None) -> WorkerProcess:
     job = write_tiny_job(work, max_steps=100000, output_dir=str(work / f"out-w{index}"), publish_every_steps=1,
                          publish_name=ADAPTER)
     args = ["--model-path", str(work / "tiny-llama-2l"), "--max-total-tokens", "4096", "--finetune", str(job),
             "--tpot-slo-ms", "500", "--fleet", lighthouse, "--replica-id", f"w{index}", "--fleet-shard", f"{index}/2",
             "--fleet-round-tokens", str(ROUND_TOKENS)]
     log = work / f"w{index}-{incarnation}.log"
-    return WorkerProcess(args, free_port(), free_port(), log).start()
+    port, admin_port = ports or free_ports(2)
+    return WorkerProcess(args, port, admin_port, log)
+
+
+def start_both(work, lighthouse: str) -> list[WorkerProcess]:
+    """Workers 0 and 1 started side by side, so the first does not train alone through the second's start-up;
+    if one fails to start, the other is stopped."""
+    ports = free_ports(4)  # drawn at once: distinct, though no worker binds one before the others are drawn
+    workers = [worker_process(work, lighthouse, index, 0, ports[2 * index:2 * index + 2]) for index in (0, 1)]
+    with ThreadPoolExecutor(2) as pool:
+        starts = [pool.submit(worker.start) for worker in workers]
+    failed = [start.exception() for start in starts if start.exception() is not None]
+    if failed:
+        for worker in workers:
+            worker.stop(timeout_s=60)
+        raise failed[0]
+    return workers
 
 
 def same_adapter_at_one_round(a, b, timeout_s: float = 120.0) -> dict:
@@ -66,7 +84,7 @@ def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill
     url = lighthouse.address()
     workers = []
     try:
-        workers = [start_worker(tmp_path, url, 0, 0), start_worker(tmp_path, url, 1, 0)]
+        workers = start_both(tmp_path, url)
         w0, w1 = workers
         wait_for_fleet(w0, lambda f, _: f.get("members") == 2, "a round of both workers")
         fleet = same_adapter_at_one_round(w0, w1)
@@ -89,7 +107,7 @@ def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill
         assert after["state"] == "running"
         served(w0)
 
-        workers[1] = w1 = start_worker(tmp_path, url, 1, 1)
+        workers[1] = w1 = worker_process(tmp_path, url, 1, 1).start()
         wait_for_fleet(w1, lambda f, _: f.get("round", 0) > round_at_kill, "the restarted worker in a later round")
         same_adapter_at_one_round(w0, w1)
         served(w1)
@@ -118,6 +136,9 @@ def test_a_worker_of_another_job_is_refused_at_start_with_one_line(tmp_path):
         while not stop.is_set():
             member.on_step_end(10)
             rounds.append(member.wait())
+            # Back to back, rounds took a core from the worker starting beside them; 50 ms apart (under the
+            # lighthouse's 200 ms join timeout) the joining worker's first quorum still has the member in it.
+            stop.wait(0.05)
 
     trainer = threading.Thread(target=train)
     trainer.start()

@@ -1,5 +1,6 @@
 """The job API on a real CPU worker (issue 33): bad submissions refused with nothing queued, two jobs training and
-publishing under requests with one cancelled mid-way, and a kill -9 of a worker holding three jobs."""
+publishing under requests with one cancelled mid-way. (A kill -9 of a worker holding three jobs:
+tests/test_jobs_restart.py.)"""
 
 import os
 import subprocess
@@ -12,51 +13,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx
 import pytest
 import yaml
-from conftest import free_port, kill_tree
+from conftest import free_port
+from job_api import AUTH, TOKEN, TPOT_SLO_MS, job_yaml, jobs, submit, wait_for_job, worker_args
 
 from harvest.finetune.checkpoint_store import CheckpointStore
-from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.replay.live_replay import LiveReplay
-from harvest.worker.client import prefilled_request, wait_for_stats
+from harvest.worker.client import prefilled_request
 from harvest.worker.process import WorkerProcess
 from traces.trace_loader import load_trace
 
 pytestmark = pytest.mark.sglang
-
-TOKEN = "jobs-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-TPOT_SLO_MS = 500.0
-
-
-def job_yaml(work, name: str, **overrides) -> str:
-    """A tiny job writing to its own output_dir; endless unless max_steps is given."""
-    path = write_tiny_job(work, **{"max_steps": 100000, "output_dir": str(work / f"out-{name}"), **overrides})
-    return path.read_text()
-
-
-def worker_args(work, jobs_dir) -> list[str]:
-    model = yaml.safe_load(job_yaml(work, "probe"))["model_name_or_path"]
-    return ["--model-path", model, "--max-total-tokens", "4096", "--tpot-slo-ms", str(TPOT_SLO_MS),
-            "--admin-token", TOKEN, "--jobs-dir", str(jobs_dir), "--job-quantum-s", "1",
-            "--enable-lora", "--max-lora-rank", "4", "--lora-target-modules", "all", "--lora-backend", "torch_native"]
-
-
-def submit(worker, name: str, text: str, **params) -> httpx.Response:
-    return httpx.post(f"{worker.admin_url}/harvest/jobs", params={"name": name, **params}, content=text.encode(),
-                      headers=AUTH, timeout=120)
-
-
-def jobs(worker) -> dict:
-    return {job["name"]: job for job in httpx.get(f"{worker.admin_url}/harvest/jobs", timeout=60).json()["jobs"]}
-
-
-def wait_for_job(worker, name: str, check, what: str, timeout_s: float = 240.0) -> dict:
-    def holds(stats) -> bool:
-        job = stats["jobs"]["jobs"].get(name) or {}
-        assert job.get("state") != "failed", f"job {name} failed while waiting for {what}: {job['finetune']['error']}"
-        return check(job)
-
-    return wait_for_stats(worker.admin_url, holds, what, timeout_s=timeout_s)["jobs"]["jobs"][name]
 
 
 @pytest.fixture(scope="module")
@@ -170,28 +136,3 @@ def test_two_jobs_train_and_publish_and_one_is_cancelled_under_a_replay(worker, 
     assert results  # every window replayed, the last one finished after the cancel
     assert sum(r["num_tokens_returned"] for r in results) == sum(r["num_tokens_asked"] for r in results)
     assert [(r["num_failed_requests"], r["num_unfinished_requests"]) for r in results] == [(0, 0)] * len(results)
-
-
-def test_kill_9_and_restart_resumes_the_set_in_its_states(work):
-    jobs_dir = work / "restart-jobs"
-    args = worker_args(work, jobs_dir)
-    first = WorkerProcess(args, free_port(), free_port(), work / "restart-1.log").start()
-    try:
-        for name, priority in (("run", 2), ("queue", 1), ("held", 0)):
-            response = submit(first, name, job_yaml(work, name, save_steps=5), priority=priority)
-            assert response.status_code == 201, response.text
-        assert httpx.post(f"{first.admin_url}/harvest/jobs/held/pause", headers=AUTH, timeout=60).status_code == 200
-        run = wait_for_job(first, "run", lambda j: (j.get("finetune") or {}).get("step", 0) >= 12,
-                           "the running job past two checkpoints")
-        time.sleep(2)  # the persister's period, so the record holds the latest tokens
-    finally:
-        kill_tree(first.proc.pid)
-        first.stop(timeout_s=30)
-    step_at_kill = run["finetune"]["step"]
-
-    with WorkerProcess(args, free_port(), free_port(), work / "restart-2.log").start() as second:
-        resumed = wait_for_job(second, "run", lambda j: j.get("state") == "running" and
-                               (j.get("finetune") or {}).get("step") is not None, "the running job resumed")
-        states = {name: job["state"] for name, job in jobs(second).items()}
-        assert states == {"run": "running", "queue": "queued", "held": "paused"}
-        assert resumed["finetune"]["step"] >= step_at_kill - 5  # at most one checkpoint interval (save_steps) lost
