@@ -1,7 +1,7 @@
 """Finetune speed the profiler measured per finetune SM share; the trace simulator replays it."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from base.errors import HarvestError
 from predictor.json_reader import JsonReader
@@ -42,13 +42,7 @@ class FinetuneThroughput:
             raise HarvestError(f"finetune throughput samples_per_s_solo must be > 0, got {self.samples_per_s_solo}")
 
     def to_dict(self) -> dict:
-        return {
-            "ft_sms": self.ft_sms,
-            "tokens_per_s_solo": self.tokens_per_s_solo,
-            "tokens_per_s_colo": self.tokens_per_s_colo,
-            "unit_ms": self.unit_ms,
-            "samples_per_s_solo": self.samples_per_s_solo,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, r: JsonReader) -> "FinetuneThroughput":

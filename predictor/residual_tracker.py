@@ -15,7 +15,7 @@ measured, so the planner tries it again; its feasibility keeps the unfaded offse
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 Partition = tuple[int, int]
 
@@ -46,15 +46,8 @@ class PredictionStats:
     partitions: dict[Partition, dict]
 
     def to_dict(self) -> dict:
-        return {
-            "num_observed": self.num_observed,
-            "mape": self.mape,
-            "bias_pct": self.bias_pct,
-            "last_predicted_ms": self.last_predicted_ms,
-            "last_measured_ms": self.last_measured_ms,
-            "global_correction": self.global_correction,
-            "partitions": [{"infer_sms": i, "ft_sms": f, **v} for (i, f), v in sorted(self.partitions.items())],
-        }
+        partitions = [{"infer_sms": i, "ft_sms": f, **v} for (i, f), v in sorted(self.partitions.items())]
+        return asdict(self) | {"partitions": partitions}
 
 
 class ResidualTracker:

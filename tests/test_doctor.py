@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harvest.doctor import CHECKS, Check, run_checks
-from harvest.doctor.check import FAIL, PASS, SKIP
+from harvest.doctor.check import FAIL, PASS, SKIP, check_table
 
 
 def test_doctor_runs_cpu_checks_and_reports_gpu_checks_skipped(harvest_cli):
@@ -39,6 +39,25 @@ def test_a_failed_gate_skips_what_depends_on_it_and_the_exit_code_says_so(harves
     proc = subprocess.run([*harvest_cli, "doctor", "--only", "nope"], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "unknown check(s) nope" in proc.stderr and "Traceback" not in proc.stderr
 
+
+
+def test_a_check_table_declares_each_check_on_its_function_in_definition_order():
+    """Pins what the doctor's four tables rely on since their rows moved onto the check functions: the name is
+    the function's, the table's flags hold unless the check gives its own, and the order is the module's."""
+    checks, check = check_table(needs_gpu=True, isolated=True)
+
+    @check(expected="a", if_different="b", isolated=False, gate=True)
+    def first() -> dict:
+        return {"status": PASS}
+
+    @check(expected="c", if_different="d")
+    def second() -> dict:
+        return {"status": PASS}
+
+    assert [(c.name, c.run, c.expected, c.if_different) for c in checks] == [("first", first, "a", "b"),
+                                                                              ("second", second, "c", "d")]
+    assert [(c.needs_gpu, c.isolated, c.gate) for c in checks] == [(True, False, True), (True, True, False)]
+    assert len({c.name for c in CHECKS}) == len(CHECKS)
 
 @pytest.mark.gpu
 def test_doctor_gpu_checks_pass_on_a_gpu(harvest_cli):

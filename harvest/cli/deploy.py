@@ -1,5 +1,9 @@
-"""`harvest deploy`: a PD deployment on one host (SGLang prefill worker, N harvest decode workers, router, and
-with a finetune job and N > 1 the fleet's torchft lighthouse)."""
+"""`harvest deploy`: start a plain SGLang prefill worker, `harvest serve` as the decode worker and sglang-router
+in PD mode on one host, with mooncake moving the KV cache between the workers (over TCP on loopback without an
+RDMA device, over --ib-device with one). With --decode-workers N > 1 and a --finetune job the decode workers
+train the job as one fleet (torchft lighthouse started here, shard K/N each). Prints the router URL; Ctrl-C or
+SIGTERM stops everything. Flags not listed here go to `harvest serve` (e.g. --finetune JOB.yaml --tpot-slo-ms
+300)."""
 
 import argparse
 import signal
@@ -10,15 +14,8 @@ from harvest.cli.model_flag import add_worker_parser
 
 def add_parser(subparsers) -> None:
     parser = add_worker_parser(
-        subparsers, "deploy",
-        help="run prefill worker + harvest decode worker(s) + sglang-router on this host (real KV transfer)",
-        description="Start a plain SGLang prefill worker, `harvest serve` as the decode worker and sglang-router "
-        "in PD mode on one host, with mooncake moving the KV cache between the workers (over TCP on loopback "
-        "without an RDMA device, over --ib-device with one). With --decode-workers N > 1 and a --finetune job the "
-        "decode workers train the job as one fleet (torchft lighthouse started here, shard K/N each). Prints the "
-        "router URL; Ctrl-C or SIGTERM stops everything. Flags not listed here go to `harvest serve` (e.g. "
-        "--finetune JOB.yaml --tpot-slo-ms 300).",
-    )
+        subparsers, "deploy", run, description=__doc__,
+        help="run prefill worker + harvest decode worker(s) + sglang-router on this host (real KV transfer)")
     parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
     parser.add_argument("--port", "--router-port", dest="router_port", type=int, default=30000,
                         help="router port, where clients send requests (default 30000)")
@@ -44,7 +41,6 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--kv-bootstrap-timeout-s", type=int, default=60,
                         help="the prefill worker fails a request whose decode worker has not taken its KV by then, so "
                         "the router retries or answers it (SGLang's default 300; default 60)")
-    parser.set_defaults(func=run, accepts_passthrough=True)
 
 
 def run(args: argparse.Namespace) -> int:

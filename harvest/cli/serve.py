@@ -1,4 +1,8 @@
-"""`harvest serve`: an SGLang decode worker with harvest inside. Unrecognised flags go to SGLang."""
+"""`harvest serve`: run an SGLang decode worker (--disaggregation-mode decode) with harvest in its scheduler
+process. Every flag not listed here is SGLang's (see `python -m sglang.launch_server --help`). Unless given,
+harvest adds --disaggregation-transfer-backend fake (a lone worker); on a GPU --attention-backend triton; with
+--finetune --disable-overlap-schedule; on a host without a GPU --device cpu --attention-backend torch_native
+--disable-cuda-graph --disable-overlap-schedule."""
 
 import argparse
 import os
@@ -12,15 +16,8 @@ SERVE_FLAGS = {"num_window_layers": "--finetune-window-layers", "max_unit_ms": "
 
 
 def add_parser(subparsers) -> None:
-    parser = add_worker_parser(
-        subparsers, "serve",
-        help="run an SGLang decode worker with harvest inside",
-        description="Run an SGLang decode worker (--disaggregation-mode decode) with harvest in its scheduler "
-        "process. Every flag not listed here is SGLang's (see `python -m sglang.launch_server --help`). "
-        "Unless given, harvest adds --disaggregation-transfer-backend fake (a lone worker); on a GPU "
-        "--attention-backend triton; with --finetune --disable-overlap-schedule; on a host without a GPU "
-        "--device cpu --attention-backend torch_native --disable-cuda-graph --disable-overlap-schedule.",
-    )
+    parser = add_worker_parser(subparsers, "serve", run, help="run an SGLang decode worker with harvest inside",
+                               description=__doc__)
     parser.add_argument("--admin-host", default="127.0.0.1", help="admin HTTP address (default 127.0.0.1)")
     parser.add_argument("--admin-port", type=int, default=30100, help="admin HTTP port (default 30100)")
     parser.add_argument("--admin-token", default=None,
@@ -86,7 +83,6 @@ def add_parser(subparsers) -> None:
                             help="keep the job's weight window out of the KV cache (default: free KV chunks are lent)")
     colocation.add_argument("--kv-block-kib", type=int, default=2048,
                             help="KV pool mapping granularity in KiB (default 2048, CUDA's; a CPU host takes 4 and up)")
-    parser.set_defaults(func=run, accepts_passthrough=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""Check: one doctor check, its expected value and what a different value means; CheckResult: its outcome."""
+"""Check: one doctor check, its expected value and what a different value means; CheckResult: its outcome;
+check_table: a module's checks, each declared on its function."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,3 +35,19 @@ class CheckResult:
     def as_dict(self) -> dict:
         return {"check": self.check, "status": self.status, **self.values, "expected": self.expected,
                 "if_different": self.if_different}
+
+
+def check_table(**flags) -> tuple[list[Check], Callable]:
+    """A module's checks in the order its functions are defined, and the decorator that declares one, named
+    after its function: `CHECKS, check = check_table(needs_gpu=True)`, then `@check(expected=..., if_different=...)`
+    above each check function. `flags` hold for every check of the table; a check's own override them."""
+    checks: list[Check] = []
+
+    def check(expected: str, if_different: str, **own) -> Callable:
+        def add(run: Callable[[], dict]) -> Callable[[], dict]:
+            checks.append(Check(run.__name__, run, expected, if_different, **(flags | own)))
+            return run
+
+        return add
+
+    return checks, check

@@ -2,11 +2,14 @@
 lending and the weight window (torch + cuda-python; the reference is shared/gpu/smoke_gpu.py)."""
 
 import ctypes
+import functools
 import time
 
-from harvest.doctor.check import FAIL, INFO, PASS, Check
+from harvest.doctor.check import FAIL, INFO, PASS, check_table
 from harvest.doctor.kv_round_trip import kv_lend_reclaim
 from harvest.doctor.vmm_round_trip import vmm_round_trip
+
+GPU_MEMORY_CHECKS, memory_check = check_table(needs_gpu=True, isolated=True)
 
 MIB = 1 << 20
 BLOCK = 2 * MIB
@@ -22,6 +25,11 @@ def driver_value(result):
     return values[0] if len(values) == 1 else values
 
 
+@memory_check(gate=True, isolated=False,
+              expected="H100 SXM: sms 132 (PCIe 114), cc 9.0, driver >= 13000, torch_cuda 13.0, vmm 1, "
+                       "granularity_min 2097152; gpudirect_rdma_with_vmm recorded (1 needed for PD KV over RDMA)",
+              if_different="A wrong stack or no VMM: stop. gpudirect_rdma_with_vmm 0: mooncake cannot register "
+                           "the VMM KV pool for RDMA")
 def gpu_env() -> dict:
     import torch
     from cuda.bindings import driver
@@ -47,6 +55,10 @@ def gpu_env() -> dict:
             "granularity_min": granularity, "granularity_recommended": recommended}
 
 
+@memory_check(gate=True, isolated=False,
+              expected="hc_init 0, granularity 2097152, blocks_rdma_capable = gpudirect_rdma_with_vmm",
+              if_different="100000: libcuda.so.1 not found (the CPU stub on LD_LIBRARY_PATH?); 100001: a missing "
+                           "driver symbol")
 def gpu_native() -> dict:
     import torch
 
@@ -64,6 +76,9 @@ def gpu_native() -> dict:
             "granularity": granularity.value, "blocks_rdma_capable": rdma.value}
 
 
+@memory_check(gate=True,
+              expected="created_bytes about 16 MiB; alias_reads, alias_writes, remap_ok, six_mib_blocks true",
+              if_different="A mapping or access bug in hc_map_blocks (csrc/vmm/vmm_cuda.cpp)")
 def gpu_vmm() -> dict:
     """CudaBackend create / reserve / map / alias / remap / unmap / release, 2 MiB and 6 MiB blocks."""
     import torch
@@ -89,6 +104,8 @@ def gpu_vmm() -> dict:
     return {"status": PASS if ok else FAIL, "created_bytes": created, **checks, "six_mib_blocks": six_ok}
 
 
+@memory_check(expected="outcome fault (illegal memory access): a lent KV range is unmapped",
+              if_different="A read of a lent range returned bytes: a stray KV access would go unnoticed")
 def gpu_stray_read() -> dict:
     """What a read of a lent (unmapped) KV range does on the device: harvest expects a fault."""
     import torch
@@ -151,22 +168,35 @@ def _unmap_inflight(mode: str, label: str) -> dict:
     return {"status": PASS if values["outcome"] == "no fault" and values["result_correct"] else FAIL, **values}
 
 
+raw_unmap_check = functools.partial(memory_check, record_only=True,
+                                    if_different="nothing to fix: it says why free_tensor must wait")
+
+
+@memory_check(expected="no fault, result_correct, unmap_ms about 100 (free_tensor waited for the kernel)",
+              if_different="a fault: free_tensor does not wait for the streams recorded as using the range")
 def gpu_unmap_inflight_kernel() -> dict:
     return _unmap_inflight("kernel", "harvest")
 
 
+@memory_check(expected="as gpu_unmap_inflight_kernel, for an H2D copy on a side stream (a prefetch)",
+              if_different="a fault: evicting a layer mid-prefetch can crash the worker")
 def gpu_unmap_inflight_dma() -> dict:
     return _unmap_inflight("dma", "harvest")
 
 
+@raw_unmap_check(expected="recorded: unmap_ms about 100 (cuMemUnmap waits itself) or about 0 and a fault (it does not)")
 def gpu_unmap_raw_kernel() -> dict:
     return _unmap_inflight("kernel", "raw")
 
 
+@raw_unmap_check(expected="recorded, as gpu_unmap_raw_kernel for an H2D copy; the process may die (the H100 of "
+                          "2026-11-27 aborted)")
 def gpu_unmap_raw_dma() -> dict:
     return _unmap_inflight("dma", "raw")
 
 
+@memory_check(expected="filled, live_kv_intact, reclaimed_zeroed all true",
+              if_different="A ChunkPool map/unmap bug on CUDA: live KV overwritten or finetune bytes leak into KV")
 def gpu_kv_lend_reclaim() -> dict:
     from allocator.config import AllocatorConfig
 
@@ -174,6 +204,8 @@ def gpu_kv_lend_reclaim() -> dict:
     return kv_lend_reclaim(config, (8, 128), "cuda")
 
 
+@memory_check(expected="window_forward_correct true, outcome no fault; evict_ms about the 256 MiB copy time",
+              if_different="A fault: evict does not wait for the layer's copy event before unmapping")
 def gpu_swap_evict() -> dict:
     """LayerSwapper over lent chunks: fetch -> wait -> forward is correct; a layer evicted right after its
     prefetch started (what shrink_window does to the layer needed last) waits for the copy, no fault."""
@@ -212,41 +244,3 @@ def gpu_swap_evict() -> dict:
         allocator.close()
     return {"status": PASS if correct and outcome == "no fault" else FAIL, "window_forward_correct": correct,
             "evict_ms": evict_ms, "outcome": outcome}
-
-
-GPU_MEMORY_CHECKS = [
-    Check("gpu_env", gpu_env, needs_gpu=True, gate=True,
-          expected="H100 SXM: sms 132 (PCIe 114), cc 9.0, driver >= 13000, torch_cuda 13.0, vmm 1, "
-                   "granularity_min 2097152; gpudirect_rdma_with_vmm recorded (1 needed for PD KV over RDMA)",
-          if_different="A wrong stack or no VMM: stop. gpudirect_rdma_with_vmm 0: mooncake cannot register "
-                       "the VMM KV pool for RDMA"),
-    Check("gpu_native", gpu_native, needs_gpu=True, gate=True,
-          expected="hc_init 0, granularity 2097152, blocks_rdma_capable = gpudirect_rdma_with_vmm",
-          if_different="100000: libcuda.so.1 not found (the CPU stub on LD_LIBRARY_PATH?); 100001: a missing "
-                       "driver symbol"),
-    Check("gpu_vmm", gpu_vmm, needs_gpu=True, isolated=True, gate=True,
-          expected="created_bytes about 16 MiB; alias_reads, alias_writes, remap_ok, six_mib_blocks true",
-          if_different="A mapping or access bug in hc_map_blocks (csrc/vmm/vmm_cuda.cpp)"),
-    Check("gpu_stray_read", gpu_stray_read, needs_gpu=True, isolated=True,
-          expected="outcome fault (illegal memory access): a lent KV range is unmapped",
-          if_different="A read of a lent range returned bytes: a stray KV access would go unnoticed"),
-    Check("gpu_unmap_inflight_kernel", gpu_unmap_inflight_kernel, needs_gpu=True, isolated=True,
-          expected="no fault, result_correct, unmap_ms about 100 (free_tensor waited for the kernel)",
-          if_different="a fault: free_tensor does not wait for the streams recorded as using the range"),
-    Check("gpu_unmap_inflight_dma", gpu_unmap_inflight_dma, needs_gpu=True, isolated=True,
-          expected="as gpu_unmap_inflight_kernel, for an H2D copy on a side stream (a prefetch)",
-          if_different="a fault: evicting a layer mid-prefetch can crash the worker"),
-    Check("gpu_unmap_raw_kernel", gpu_unmap_raw_kernel, needs_gpu=True, isolated=True, record_only=True,
-          expected="recorded: unmap_ms about 100 (cuMemUnmap waits itself) or about 0 and a fault (it does not)",
-          if_different="nothing to fix: it says why free_tensor must wait"),
-    Check("gpu_unmap_raw_dma", gpu_unmap_raw_dma, needs_gpu=True, isolated=True, record_only=True,
-          expected="recorded, as gpu_unmap_raw_kernel for an H2D copy; the process may die (the H100 of 2026-11-27 "
-                   "aborted)",
-          if_different="nothing to fix: it says why free_tensor must wait"),
-    Check("gpu_kv_lend_reclaim", gpu_kv_lend_reclaim, needs_gpu=True, isolated=True,
-          expected="filled, live_kv_intact, reclaimed_zeroed all true",
-          if_different="A ChunkPool map/unmap bug on CUDA: live KV overwritten or finetune bytes leak into KV"),
-    Check("gpu_swap_evict", gpu_swap_evict, needs_gpu=True, isolated=True,
-          expected="window_forward_correct true, outcome no fault; evict_ms about the 256 MiB copy time",
-          if_different="A fault: evict does not wait for the layer's copy event before unmapping"),
-]

@@ -4,8 +4,10 @@ graphs (an `%smid` probe), the stream hand-off race, decode latency beside a sat
 import ctypes
 import time
 
-from harvest.doctor.check import FAIL, INFO, PASS, Check
+from harvest.doctor.check import FAIL, INFO, PASS, check_table
 from harvest.doctor.gpu_memory_checks import driver_value
+
+GPU_PARTITION_CHECKS, partition_check = check_table(needs_gpu=True, isolated=True)
 
 
 def _h100_pairs(num_sms: int, g: int = 8) -> list[tuple[int, int]]:
@@ -14,6 +16,10 @@ def _h100_pairs(num_sms: int, g: int = 8) -> list[tuple[int, int]]:
     return [(i, 0) for i in infer] + [(i, f) for i in infer if i % g == 0 for f in range(g, num_sms - i + 1, g)]
 
 
+@partition_check(expected="H100 SXM: groups 16 of [8] + remainder 4, or 15 + 12; partitions_kept > 0, those that "
+                          "need more groups than the driver gives dropped with a warning",
+                 if_different="partitions_kept 0: spatial mode cannot run on this device; sizes other than [8] are "
+                              "handled (partitions are built from the sizes the driver returns)")
 def gpu_split() -> dict:
     import torch
     from cuda.bindings import driver
@@ -84,6 +90,10 @@ def _decode_finetune_pair():
     return half, parts.streams(half, half - 8)
 
 
+@partition_check(expected="decode_partition_sms <= 64, finetune_partition_sms <= 56, concurrent_overlap 0, "
+                          "captured_green <= 64; captured_primary recorded",
+                 if_different="captured_primary 132 (or an error) with captured_green <= 64: graphs captured outside "
+                              "the partition are not confined; decode graphs must be captured per partition stream")
 def gpu_confine() -> dict:
     import torch
 
@@ -139,6 +149,8 @@ def gpu_confine() -> dict:
             "graph_replayed_on_decode_stream_sms": graphs, "graph_capture": capture}
 
 
+@partition_check(expected="with_wait_stream all false (without_wait true shows the race the hook must avoid)",
+                 if_different="with_wait_stream true: wait_stream does not order the streams; wrong tokens")
 def gpu_handoff() -> dict:
     """Inputs written late on a schedule stream, forward on a partition's decode stream (a green context's, as
     in spatial mode), `.tolist()` back on the schedule stream: wrong values with a bare stream switch, right
@@ -188,6 +200,9 @@ def gpu_handoff() -> dict:
     return {"status": PASS if not any(wrong["with_wait_stream"].values()) else FAIL, "wrong_values": wrong}
 
 
+@partition_check(expected="ratio_p50 <= 1.2",
+                 if_different="Much more than 1.2: shared work queues or memory-bandwidth "
+                              "interference; try CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED")
 def gpu_interference() -> dict:
     import torch
 
@@ -219,23 +234,3 @@ def gpu_interference() -> dict:
     torch.cuda.synchronize()
     return {"status": INFO, "decode_p50_p99_ms_solo": solo, "decode_p50_p99_ms_beside_finetune": busy,
             "ratio_p50": round(busy[0] / solo[0], 2)}
-
-
-GPU_PARTITION_CHECKS = [
-    Check("gpu_split", gpu_split, needs_gpu=True, isolated=True,
-          expected="H100 SXM: groups 16 of [8] + remainder 4, or 15 + 12; partitions_kept > 0, those that "
-                   "need more groups than the driver gives dropped with a warning",
-          if_different="partitions_kept 0: spatial mode cannot run on this device; sizes other than [8] are "
-                       "handled (partitions are built from the sizes the driver returns)"),
-    Check("gpu_confine", gpu_confine, needs_gpu=True, isolated=True,
-          expected="decode_partition_sms <= 64, finetune_partition_sms <= 56, concurrent_overlap 0, "
-                   "captured_green <= 64; captured_primary recorded",
-          if_different="captured_primary 132 (or an error) with captured_green <= 64: graphs captured outside "
-                       "the partition are not confined; decode graphs must be captured per partition stream"),
-    Check("gpu_handoff", gpu_handoff, needs_gpu=True, isolated=True,
-          expected="with_wait_stream all false (without_wait true shows the race the hook must avoid)",
-          if_different="with_wait_stream true: wait_stream does not order the streams; wrong tokens"),
-    Check("gpu_interference", gpu_interference, needs_gpu=True, isolated=True,
-          expected="ratio_p50 <= 1.2", if_different="Much more than 1.2: shared work queues or memory-bandwidth "
-                                                    "interference; try CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED"),
-]

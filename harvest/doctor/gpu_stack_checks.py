@@ -10,7 +10,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harvest.doctor.check import FAIL, PASS, Check
+from harvest.doctor.check import FAIL, PASS, check_table
+
+GPU_STACK_CHECKS, stack_check = check_table(needs_gpu=True)
 
 MIN_CUDA_BINDINGS = (13, 0)
 """cuDevSmResourceSplitByCount / cuGreenCtxCreate as GreenPartitions calls them are in cuda-bindings >= 13.0."""
@@ -48,6 +50,11 @@ def _release(version: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", version or "")[:2])
 
 
+@stack_check(expected="nvcc found with a version (13.0 on the lent H100), tvm_ffi a version (0.1.9), libnuma true, "
+                      "cuda_bindings >= 13.0",
+             if_different="nvcc or tvm_ffi missing: SGLang's JIT kernels fail at the first request that needs them; "
+                          "libnuma false: sgl_kernel's common_ops does not load (install libnuma1); cuda_bindings "
+                          "< 13.0: no green contexts, spatial co-location cannot run")
 def gpu_stack() -> dict:
     nvcc = _nvcc()
     bindings = _version("cuda-bindings")
@@ -56,13 +63,3 @@ def gpu_stack() -> dict:
     ok = (nvcc.get("nvcc_version") is not None and values["tvm_ffi"] is not None and values["libnuma"]
           and _release(bindings) >= MIN_CUDA_BINDINGS)
     return {"status": PASS if ok else FAIL, **values}
-
-
-GPU_STACK_CHECKS = [
-    Check("gpu_stack", gpu_stack, needs_gpu=True,
-          expected="nvcc found with a version (13.0 on the lent H100), tvm_ffi a version (0.1.9), libnuma true, "
-                   "cuda_bindings >= 13.0",
-          if_different="nvcc or tvm_ffi missing: SGLang's JIT kernels fail at the first request that needs them; "
-                       "libnuma false: sgl_kernel's common_ops does not load (install libnuma1); cuda_bindings "
-                       "< 13.0: no green contexts, spatial co-location cannot run"),
-]

@@ -6,10 +6,12 @@ import signal
 import subprocess
 import sys
 
-from harvest.doctor.check import FAIL, PASS, Check
+from harvest.doctor.check import FAIL, PASS, check_table
 from harvest.doctor.kv_round_trip import kv_lend_reclaim
 from harvest.doctor.vmm_round_trip import vmm_round_trip
 from harvest.sglang.version import PINNED_STACK
+
+HOST_CHECKS, host_check = check_table()
 
 PINNED = {name: PINNED_STACK[name] for name in ("torch", "sglang", "transformers", "llamafactory")}
 PAGE_BLOCK_BYTES = 64 << 10
@@ -22,6 +24,9 @@ def _version(package: str) -> str | None:
         return None
 
 
+@host_check(gate=True,
+            expected=", ".join(f"{k} {v}" for k, v in PINNED.items()) + ", host_library true",
+            if_different="A stack other than the pinned one, or csrc/ not built (`make setup`): stop here")
 def host_env() -> dict:
     import torch
 
@@ -38,6 +43,10 @@ def host_env() -> dict:
             "cuda_library": (NATIVE_BUILD_DIR / CUDA_LIBRARY).exists()}
 
 
+@host_check(gate=True,
+            expected="alias_reads, alias_writes, remap_ok all true",
+            if_different="hv_map_blocks/hv_unmap (csrc/vmm/vmm_host.c) map the wrong pages: KV and finetune "
+                         "bytes would mix")
 def host_vmm() -> dict:
     """HostBackend map / alias / remap through libharvest_vmm_host.so (memfd + mmap)."""
     from allocator.host_backend import HostBackend
@@ -62,6 +71,8 @@ print(int(view.sum()))
 """
 
 
+@host_check(expected="outcome fault (SIGSEGV): a lent KV range is unmapped",
+            if_different="A stray KV read of a lent chunk would return bytes instead of failing loudly")
 def host_stray_read() -> dict:
     """A read of an unmapped (lent) range must kill the process, never return bytes."""
     proc = subprocess.run([sys.executable, "-c", _STRAY_READ.format(block=PAGE_BLOCK_BYTES)],
@@ -71,25 +82,12 @@ def host_stray_read() -> dict:
             "outcome": "fault" if faulted else f"returned {proc.stdout.strip()!r}"}
 
 
+@host_check(expected="filled, live_kv_intact, reclaimed_zeroed all true",
+            if_different="ChunkPool lend/reclaim maps the wrong blocks (live KV overwritten) or leaks "
+                         "finetune bytes into reclaimed KV")
 def host_kv_lend_reclaim() -> dict:
     """KV bytes of live chunks survive lending, tensor use and reclaim of other chunks; reclaimed chunks read zero."""
     from allocator.config import AllocatorConfig
 
     config = AllocatorConfig(num_layers=2, kv_row_bytes=4 * 16 * 2, num_chunks=6, block_bytes=PAGE_BLOCK_BYTES)
     return kv_lend_reclaim(config, (4, 16), "cpu")
-
-
-HOST_CHECKS = [
-    Check("host_env", host_env, expected=", ".join(f"{k} {v}" for k, v in PINNED.items()) + ", host_library true",
-          if_different="A stack other than the pinned one, or csrc/ not built (`make setup`): stop here",
-          gate=True),
-    Check("host_vmm", host_vmm, expected="alias_reads, alias_writes, remap_ok all true",
-          if_different="hv_map_blocks/hv_unmap (csrc/vmm/vmm_host.c) map the wrong pages: KV and finetune "
-                       "bytes would mix", gate=True),
-    Check("host_stray_read", host_stray_read, expected="outcome fault (SIGSEGV): a lent KV range is unmapped",
-          if_different="A stray KV read of a lent chunk would return bytes instead of failing loudly"),
-    Check("host_kv_lend_reclaim", host_kv_lend_reclaim,
-          expected="filled, live_kv_intact, reclaimed_zeroed all true",
-          if_different="ChunkPool lend/reclaim maps the wrong blocks (live KV overwritten) or leaks "
-                       "finetune bytes into reclaimed KV"),
-]

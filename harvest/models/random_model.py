@@ -12,6 +12,7 @@ from pathlib import Path
 
 from base.errors import HarvestError
 from harvest.models.model_shape import ModelShape
+from harvest.models.tiny_llama import write_small_tokenizer
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 TOKENIZERS = ("none", "small")
@@ -73,7 +74,7 @@ def make_random_model(spec: RandomModelSpec) -> dict:
                                                       "weight_map": weight_map}, indent=1))
     config = spec.shape.hf_config(DTYPES[spec.dtype])
     if spec.tokenizer == "small":
-        config |= _write_small_tokenizer(partial_dir, spec.shape.vocab_size)
+        config |= write_small_tokenizer(partial_dir, spec.shape.vocab_size)
     (partial_dir / "config.json").write_text(json.dumps(config, indent=1))
     shutil.rmtree(out_dir, ignore_errors=True)
     partial_dir.rename(out_dir)
@@ -112,23 +113,3 @@ def _random_tensor(name, shape, dtype, device, generator):
         return torch.ones(shape, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, INIT_STD, generator=generator)
 
-
-def _write_small_tokenizer(out_dir: Path, vocab_size: int) -> dict:
-    """A BPE tokenizer trained on the tiny model's corpus; returns the config keys naming its special ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from harvest.models.tiny_llama import CHAT_TEMPLATE, CORPUS, SPECIAL_TOKENS
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=min(512, vocab_size), special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(CORPUS, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", bos_token="<s>",
-                                        eos_token="</s>", pad_token="<pad>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(out_dir)
-    return {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id}
