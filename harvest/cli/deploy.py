@@ -1,9 +1,13 @@
 """`harvest deploy`: a PD deployment on one host (SGLang prefill worker, N harvest decode workers, router, and
-with a finetune job and N > 1 the fleet's torchft lighthouse)."""
+with a finetune job and N > 1 the fleet's torchft lighthouse).
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
+"""
 
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 from harvest.cli.model_flag import add_worker_parser
 
@@ -48,7 +52,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from harvest.deploy import DeployConfig
     from harvest.deploy.pd_deployment import prepare_deployment, wait_until_stopped
