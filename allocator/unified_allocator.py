@@ -3,6 +3,8 @@
 Policy lives here: which chunks to lend (highest idle ids, never below the reserve), when to
 lend more for an allocation, and when to take memory back
 (maybe_reclaim, once per decode step, at most one finetune shrink per call).
+
+Deferred imports: each backend is imported where it is chosen (the CUDA one binds the native CUDA VMM library).
 """
 
 import threading

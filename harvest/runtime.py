@@ -3,18 +3,43 @@ what the step leaves, keeps stats, serves the admin API.
 
 Lives in SGLang's scheduler process; `harvest.sglang.hooks` calls it, with SGLang's objects already
 reduced to a `DecodeStep`, so nothing here depends on SGLang.
+
+Deferred imports: the fleet's member (safetensors, and torchft once a job joins) only when a job joins a fleet.
 """
 
 import contextlib
 import dataclasses
 import functools
 import logging
+import re
+import shutil
+import tempfile
 import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+import torch
+import yaml
 
 from base.errors import HarvestError
+from harvest.admin.admin_app import AdminServer
 from harvest.admin.metrics import HarvestMetrics
+from harvest.colocation import FinetuneJob, TemporalController
+from harvest.colocation.core_partitions import CorePartitions
+from harvest.colocation.green_partitions import GreenPartitions
+from harvest.colocation.kv_lender import KvLender
+from harvest.colocation.spatial_controller import SpatialController
 from harvest.config import DEFAULT_GRAPH_SETS, Colocation, ServeConfig, colocation_mode
-from harvest.step_stats import DecodeStep, StepStats
+from harvest.finetune.publishing import split_harvest_keys
+from harvest.jobs import JobSet
+from harvest.jobs.job_intake import JobIntake
+from harvest.jobs.job_memory import check_fits
+from harvest.jobs.job_spec import NAME_PATTERN
+from harvest.jobs.job_store import JobStore
+from harvest.jobs.worker_jobs import WorkerJobs
+from harvest.step_stats import DecodeStep, SloTracker, StepStats
+from predictor import Profile, SplitPlanner
 
 PREEMPTION_BOUND_SHARE = 0.25
 """Units are cut to this share of the TPOT target where no shorter bound applies (no profile, or a spatial
@@ -72,8 +97,6 @@ class HarvestRuntime:
 
     def attach_kv_pool(self, allocator) -> None:
         """SGLang's KV pool was built over the unified allocator (harvest.sglang.hooks): lend from it."""
-        from harvest.colocation.kv_lender import KvLender
-
         self.lender = KvLender(allocator)
         self.kv_lending_note = "on"
 
@@ -104,10 +127,6 @@ class HarvestRuntime:
         config = self.config
         if self.profile is None:
             return (partitions.pairs if config.partition_graph_sets else []), config.partition_graph_max_bs
-        from collections import defaultdict
-
-        from predictor import SplitPlanner
-
         planner = SplitPlanner(self.profile, config.tpot_slo_ms, pairs=partitions.pairs)
         co_run_bs = defaultdict(list)                  # decode SMs -> the batches the planner co-runs on them
         for batch_size in capture_bs:
@@ -146,8 +165,6 @@ class HarvestRuntime:
         """The scheduler is built: build the controller, start the finetune job's construction and the admin API.
         device_index: the worker's CUDA device (SGLang's gpu_id)."""
         if self.config.finetune is not None:
-            from harvest.jobs import JobSet
-
             partitions = self.spatial_partitions(device_index)
             if partitions is not None:
                 self.prepare_co_run_contexts(partitions)
@@ -162,19 +179,11 @@ class HarvestRuntime:
             if self._fleet_job is not None:
                 self._wait_joined(self.jobs.job_set.members[self._fleet_job].job)
         if serve_admin:
-            from harvest.admin.admin_app import AdminServer
-
             self._admin_server = AdminServer(self, self.config.admin)
             self._admin_server.start()
 
     def _worker_jobs(self, job_config):
         """The job set's intake and store: on --jobs-dir, or in a directory of this process's own."""
-        import tempfile
-
-        from harvest.jobs.job_intake import JobIntake
-        from harvest.jobs.job_store import JobStore
-        from harvest.jobs.worker_jobs import WorkerJobs
-
         jobs_dir = self.config.jobs_dir
         if jobs_dir is None:
             jobs_dir = self._own_jobs_dir = tempfile.mkdtemp(prefix="harvest-jobs-")
@@ -183,8 +192,6 @@ class HarvestRuntime:
     def _make_job(self, spec, job_config):
         """The FinetuneJob of an admitted job, its engine building in the background, publishing under its
         adapter name where it publishes; the --fleet job trains its data shard and joins the fleet once built."""
-        from harvest.colocation import FinetuneJob
-
         fleet_join = None
         if spec.name == self._fleet_job:
             from harvest.fleet.fleet_member import join_fleet
@@ -208,8 +215,6 @@ class HarvestRuntime:
     def _check_fit(self, spec, llamafactory) -> None:
         """What only this worker knows of a submitted job: its memory floor, and whether SGLang can load its
         adapter (with the LoRA flags it started with)."""
-        from harvest.jobs.job_memory import check_fits
-
         check_fits(llamafactory, self.config.finetune.served_model_path, _free_bytes(self.config.finetune.device))
         if spec.publish_name is not None and self.adapter_target is not None:
             self.adapter_target.check(llamafactory)
@@ -218,8 +223,6 @@ class HarvestRuntime:
         if self.jobs is not None:
             self.jobs.close()
         if self._own_jobs_dir is not None:
-            import shutil
-
             shutil.rmtree(self._own_jobs_dir, ignore_errors=True)
         if self.controller is not None:
             self.controller.close()
@@ -338,8 +341,6 @@ def _load_profile(config: ServeConfig):
     """The latency profile the planner uses: only with a finetune job and --profile."""
     if config.finetune is None or config.profile_path is None:
         return None
-    from predictor import Profile
-
     return Profile.load(config.profile_path)
 
 
@@ -347,14 +348,6 @@ def _initial_job(finetune_config) -> dict | None:
     """The `--finetune` job as a submission: named after its adapter, else its YAML file."""
     if finetune_config.yaml_path is None:
         return None
-    import re
-    from pathlib import Path
-
-    import yaml
-
-    from harvest.finetune.publishing import split_harvest_keys
-    from harvest.jobs.job_spec import NAME_PATTERN
-
     text = Path(finetune_config.yaml_path).read_text()
     publishing = split_harvest_keys(yaml.safe_load(text))[1]
     stem = publishing.name if publishing is not None else Path(finetune_config.yaml_path).stem
@@ -366,19 +359,13 @@ def _initial_job(finetune_config) -> dict | None:
 def _free_bytes(device: str) -> int:
     """Memory a new job may take: the device's free memory on a GPU, the host's available memory on a CPU."""
     if device.startswith("cuda"):
-        import torch
-
         return torch.cuda.mem_get_info(torch.device(device))[0]
-    import psutil
-
     return psutil.virtual_memory().available
 
 
 def _planner(config: ServeConfig, profile, pairs):
     if profile is None:
         return None
-    from predictor import SplitPlanner
-
     return SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
 
 
@@ -405,9 +392,6 @@ def _job_config(config: ServeConfig, planner, partitions, device_index: int):
 def _build_controller(config: ServeConfig, profile, planner, partitions, lender, job):
     """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
     measured time, so no prediction can be wrong (stats say so). `job`: the job set."""
-    from harvest.colocation import TemporalController
-    from harvest.step_stats import SloTracker
-
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
     if planner is None and partitions is None:
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
@@ -415,8 +399,6 @@ def _build_controller(config: ServeConfig, profile, planner, partitions, lender,
     source = ("none: --pin-partition" if profile is None
               else f"profile {config.profile_path} ({profile.device_name}), online correction on")
     if partitions is not None:
-        from harvest.colocation.spatial_controller import SpatialController
-
         return SpatialController(job, planner, slo, partitions, source, lender, config.pinned_partition)
     return TemporalController(job, planner, slo, source, lender)
 
@@ -431,8 +413,6 @@ def _spatial_partitions(config: ServeConfig, profile, device_index: int):
         if config.pinned_partition is not None and config.pinned_partition not in pairs:
             pairs.append(config.pinned_partition)
     if config.finetune.device.startswith("cuda"):
-        from harvest.colocation.green_partitions import GreenPartitions
-
         partitions = GreenPartitions(device_index, pairs)
         if config.pinned_partition is not None and not partitions.can_form(*config.pinned_partition):
             # Checked here, at start-up: the driver's split is known only on the device (the CPU form is
@@ -441,6 +421,4 @@ def _spatial_partitions(config: ServeConfig, profile, device_index: int):
                                f"{partitions.num_sms} SMs into groups {partitions.group_sms}, which form no such "
                                "partition (decode a prefix of whole groups, finetune the groups right after)")
         return partitions
-    from harvest.colocation.core_partitions import CorePartitions
-
     return CorePartitions(pairs)

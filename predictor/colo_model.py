@@ -8,6 +8,8 @@ beside it, and cross-validated MAPE picks one by the one-standard-error rule: th
 CV MAPE is within one standard error of the best, so noise does not buy an extra term. Every form's
 coefficients and errors stay in the profile as the record of the comparison.
 At ft_sms = 0 the prediction is the solo one by definition, whatever the form.
+
+Deferred imports: scikit-learn only when a model is fitted; loading a fitted profile needs none.
 """
 
 from dataclasses import dataclass

@@ -6,6 +6,8 @@ The model is therefore lat = max(bs, p) * b0 + c0 + bs * seq_len * k0, and the k
 each padding quantum in PredictorConfig.plateau_candidates is tried and the one with the least relative
 squared error over all partitions is kept (p = 1 is eq. 2 exactly). Padding is a property of the
 framework, not of the partition, so one p is shared by every partition.
+
+Deferred imports: scikit-learn only when a model is fitted; loading a fitted profile needs none.
 """
 
 from dataclasses import dataclass, field

@@ -1,5 +1,6 @@
 """The structure drawn from the imports (every import, at module level or inside a function): each goes down the
-layers below or stays inside its own package, and no modules import each other in a circle."""
+layers below or stays inside its own package, and no modules import each other in a circle; an import inside a
+function says why it is deferred."""
 
 import ast
 from collections import defaultdict
@@ -113,6 +114,21 @@ def circles(edges) -> list[list[str]]:
     return groups
 
 
+def unexplained_deferred_imports(source: str) -> list[int]:
+    """Lines of imports inside functions with no reason: none on the import or the line above (`# deferred: ...`),
+    nor one for the whole module in its docstring (a line starting `Deferred imports:`)."""
+    tree = ast.parse(source)
+    docstring = ast.get_docstring(tree) or ""
+    if any(line.startswith("Deferred imports:") for line in docstring.splitlines()):
+        return []
+    lines = source.splitlines()
+    functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    deferred = {node.lineno for function in functions for node in ast.walk(function)
+                if isinstance(node, (ast.Import, ast.ImportFrom))}
+    return sorted(line for line in deferred
+                  if not any("# deferred:" in lines[i - 1] for i in (line, line - 1) if i >= 1))
+
+
 def test_every_unit_has_a_layer():
     units = {unit_of(module) for module in modules()}
     assert not [unit for unit in units if not any(unit in layer for layer in LAYERS)]
@@ -131,6 +147,27 @@ def test_the_checks_catch_an_arrow_up_and_a_circle():
              "harvest.runtime": {"harvest.admin.admin_app"}}
     assert upward_arrows(edges) == ["harvest.admin.admin_app -> harvest.sglang.launcher"]
     assert circles(edges) == [["harvest.admin.admin_app", "harvest.runtime", "harvest.sglang.launcher"]]
+
+
+def test_every_import_inside_a_function_says_why():
+    unexplained = [f"{path.relative_to(REPO)}:{line}" for path in modules().values()
+                   for line in unexplained_deferred_imports(path.read_text())]
+    assert unexplained == []
+
+
+def test_the_check_catches_a_deferred_import_without_a_reason():
+    source = '''"""A module."""
+
+
+def f():
+    import torch
+    # deferred: sglang pulls in CUDA set-up
+    import sglang
+    import json  # deferred: why not
+    return torch, sglang, json
+'''
+    assert unexplained_deferred_imports(source) == [5]
+    assert unexplained_deferred_imports(source.replace('module."""', 'module.\n\nDeferred imports: torch.\n"""')) == []
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Reads are open; mutating endpoints need the bearer token when one is set.
 """
 
+import datetime
 import logging
 import math
 import secrets
@@ -18,6 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from base.errors import HarvestError
 from base.ports import bind_port
 from harvest.config import AdminConfig
+from harvest.jobs.job_spec import MAX_YAML_BYTES, JobConflictError
+from harvest.jobs.worker_jobs import UnknownJobError
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +82,6 @@ def _finite(value):
 def _job_call(verb, *args, **kwargs):
     """A job verb's errors as HTTP: an unknown job 404, a deadline the measured rate cannot meet or a job in
     the wrong state (duplicate, finished) 409, anything else wrong with the submission 422."""
-    from harvest.jobs.job_spec import JobConflictError
-    from harvest.jobs.worker_jobs import UnknownJobError
-
     try:
         return verb(*args, **kwargs)
     except UnknownJobError as e:
@@ -96,8 +96,6 @@ def _deadline(value: str | None) -> float | None:
     """A deadline as UNIX seconds or an ISO 8601 time (with its zone; none: UTC)."""
     if value is None:
         return None
-    import datetime
-
     try:
         return float(value)
     except ValueError:
@@ -167,8 +165,6 @@ def create_admin_app(runtime) -> FastAPI:
                          deadline: str | None = Query(None), deadline_tokens: float | None = Query(None, gt=0),
                          best_effort: bool = Query(False), publish_name: str | None = Query(None)):
         """The body is the job's LlamaFactory YAML; the rest are query parameters."""
-        from harvest.jobs.job_spec import MAX_YAML_BYTES
-
         jobs = worker_jobs()
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_YAML_BYTES:

@@ -1,5 +1,8 @@
 """Benchmarks of the whole worker (`harvest bench serve`) and of the job's units against their bound (`units`);
-the subsystems keep their own `bench.py`."""
+the subsystems keep their own `bench.py`.
+
+Deferred imports: torch and the profiler's device probe only when a bench asks for the device's name.
+"""
 
 import os
 

@@ -5,6 +5,9 @@ finetune engine really produces (harvest/bench/weight_pattern.py, recorded from 
 The figure that matters is next to the measurement: reclaim time per MiB against one decode step's budget
 (HARLI gives lent memory back within one step), and how much of that budget reclaiming the pattern's peak
 of lent memory takes.
+
+Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
+lists it.
 """
 
 import argparse
@@ -41,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from base.cuda_driver import ensure_driver_or_stub
+    from base.cuda_driver import ensure_driver_or_stub  # deferred: test_gpu_twin's H100 stand-in patches it
 
     ensure_driver_or_stub()
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")

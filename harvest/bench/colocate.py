@@ -15,6 +15,9 @@ job's count (admin stats) for harvest, LlamaFactory's `total_tokens` (trainer_pr
 both over the replay's own wall time. The job and the trainer are past `--warmup-steps` optimizer steps
 when a replay starts. Rows alternate order between repeats (reversed on odd repeats). Why the numbers are
 what they are: eval/README.md, "harvest against two processes".
+
+Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
+lists it.
 """
 
 import argparse
@@ -30,10 +33,13 @@ import time
 from pathlib import Path
 
 import yaml
+from rich.console import Console
+from rich.table import Table
 
 from base.errors import HarvestError
 from harvest.bench import device_name
 from harvest.bench.trainer_process import TrainerProcess, cpu_halves
+from harvest.models import resolve_model_path
 from harvest.worker.client import read_stats
 from harvest.worker.process import WorkerProcess, free_ports
 
@@ -91,8 +97,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from harvest.models import resolve_model_path
-
     scales = _parse_scales(args.rate_scale)
     windows = [(name if len(scales) == 1 else f"{name}@{scale:g}", spec, scale)
                for name, spec in (parse_window(text) for text in (args.window or DEFAULT_WINDOWS))
@@ -284,7 +288,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
 
 
 def bench_worker(serve_flags: tuple[str, ...], run_dir: Path, cpus: tuple[int, ...] | None) -> WorkerProcess:
-    from base.cuda_driver import ensure_driver_or_stub
+    from base.cuda_driver import ensure_driver_or_stub  # deferred: test_gpu_twin's H100 stand-in patches it
     from harvest.sglang.launcher import CPU_ENGINE_ENV
 
     port, admin_port = free_ports(2)
@@ -346,9 +350,6 @@ def _median(values: list) -> float | None:
 
 
 def print_result(result: dict, console) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(file=console.file, width=max(console.width, 132))  # rows in one line each, even in a log
     table = Table(title="harvest bench colocate (medians over repeats)", title_justify="left")
     for column in ("window", "row", "steps in target", "TPOT p50 ms", "TPOT p99 ms", "finetune tok/s",

@@ -8,17 +8,22 @@ the same trace window.
 Finetune tokens are the jobs' own counts (admin stats) over the replay's wall time, summed over the fleet; steps
 in target are each worker's own step records, the fleet's the lower of its two. Rows alternate order between
 repeats; a row run twice is the A/A control.
+
+Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
+lists it.
 """
 
 import argparse
 import datetime
 import os
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from rich.table import Table
 
 from base.errors import HarvestError
 from harvest.bench import device_name
@@ -31,7 +36,9 @@ from harvest.bench.colocate import (
     wait_job_steps,
 )
 from harvest.bench.trainer_process import cpu_halves
+from harvest.models import resolve_model_path
 from harvest.worker.client import read_stats
+from harvest.worker.process import WorkerProcess, free_ports
 
 ROWS = {"one-worker": "one worker (all cores)", "fleet-2": "fleet of 2 (half the cores each)"}
 FLEET_SIZE = 2
@@ -54,8 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from harvest.models import resolve_model_path
-
     if args.repeats < 1 or args.warmup_steps < 1 or not args.round_s > 0:
         raise HarvestError("--repeats and --warmup-steps must be >= 1, --round-s > 0")
     if len(cpu_halves()[1]) == 0:
@@ -113,8 +118,6 @@ def _one_worker(trace, job: dict, model_path: str, run_dir: Path, args: argparse
 def _lighthouse(run_dir: Path):
     """The fleet's lighthouse as `harvest deploy` runs it (harvest.fleet.lighthouse_server, a WorkerProcess
     polled on /status; its log in the run's folder), and its URL once it answers."""
-    from harvest.worker.process import WorkerProcess, free_ports
-
     (port,) = free_ports(1)
     run_dir.mkdir(parents=True, exist_ok=True)
     lighthouse = WorkerProcess([], None, 0, run_dir / "lighthouse.log",
@@ -171,16 +174,12 @@ def _replay(worker, trace, args: argparse.Namespace) -> dict:
 
 
 def _summary(runs: list[dict]) -> dict:
-    import statistics
-
     rates = [r["finetune_tokens_per_s"] for r in runs]
     return {"finetune_tokens_per_s": round(statistics.median(rates), 2), "runs_tokens_per_s": rates,
             "steps_within_target": min(r["steps_within_target"] for r in runs), "num_runs": len(runs)}
 
 
 def print_result(result: dict, console) -> None:
-    from rich.table import Table
-
     table = Table(title="harvest bench fleet", title_justify="left")
     for column in ("row", "finetune tok/s (median)", "each run", "steps in target (lowest)", "runs"):
         table.add_column(column, justify="left" if column == "row" else "right")

@@ -11,6 +11,9 @@ Per-step latency is the gap between streamed chunks divided by the tokens each b
 (each request's first chunk and first/last EDGE_GAPS gaps dropped); the ratio is the median over rounds of
 harvest/plain round medians with a bootstrap 95 % interval; `--control` runs an A/A pair through the same
 harness. Why this method: eval/README.md, "Serving overhead".
+
+Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
+lists it.
 """
 
 import argparse
@@ -28,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from harvest.bench import device_name
+from harvest.models import resolve_model_path
 from harvest.worker.client import (
     prefilled_request,
     read_last_step_seq,
@@ -63,8 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from base.cuda_driver import ensure_driver_or_stub
-    from harvest.models import resolve_model_path
+    from base.cuda_driver import ensure_driver_or_stub  # deferred: test_gpu_twin's H100 stand-in patches it
     from harvest.sglang.launcher import CPU_ENGINE_ENV, build_sglang_argv
 
     if args.num_requests < 1 or args.rounds < 1 or args.max_new_tokens <= 2 * EDGE_GAPS + 1:

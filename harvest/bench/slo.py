@@ -9,6 +9,9 @@ waited for: decode + the finetune slice after it + an idle-time unit or adapter 
 step past the target is given its cause (`harvest.step_stats.miss_cause`): decode alone, or one part of the
 job's time. The window's rate is scaled by how much slower this host decodes one request than the hosts
 the default rate was set on (`--reference-step-ms`), so the bench poses the same problem on a slow host.
+
+Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
+lists it.
 """
 
 import argparse
@@ -18,11 +21,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import numpy as np
 import yaml
+from rich.table import Table
 
 from base.errors import HarvestError
 from harvest.bench import device_name
+from harvest.models import resolve_model_path
 from harvest.step_stats import MISS_CAUSES, miss_cause
 from harvest.worker.client import read_last_step_seq, read_stats, read_steps_since, wait_for_stats
 from harvest.worker.process import WorkerProcess, free_ports
@@ -56,7 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from harvest.models import resolve_model_path
 
     if args.window_s <= 0 or args.rate_scale <= 0 or args.target_over_p99 <= 1.0:
         raise HarvestError("--window-s and --rate-scale must be > 0 and --target-over-p99 > 1")
@@ -164,8 +169,6 @@ def _write_job(log_dir: Path, model_path: str, args: argparse.Namespace) -> Path
 
 
 def _admin_post(worker: WorkerProcess, path: str) -> dict:
-    import httpx
-
     response = httpx.post(f"{worker.admin_url}{path}", timeout=60)
     if response.is_error:
         raise HarvestError(f"{path} answered {response.status_code}: {response.text[:300]}")
@@ -218,8 +221,6 @@ def _replay(worker: WorkerProcess, args: argparse.Namespace, rate_scale: float, 
 
 
 def print_result(result: dict, console) -> None:
-    from rich.table import Table
-
     table = Table(title=f"harvest bench slo (target {result['tpot_slo_ms']} ms = decode alone's p99 x "
                         f"{result['tpot_slo_ms'] / result['decode_alone_p99_ms']:.2f})", title_justify="left")
     for column in ("row", "steps", "in target", *MISS_CAUSES, "finetune tok/s", "optimizer steps"):

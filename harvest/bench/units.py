@@ -6,6 +6,9 @@ flight, so the bound is the reaction the worker can promise). The bounds alterna
 process, so the host's drift falls on all of them alike; `none` (units uncut) is the rate the bound is paid
 against, and the same bound twice is the A/A control. The update (grad_norm, optimizer and checkpoint units)
 is also summed per step. The sizer aims to keep 99 % of units within the bound (UnitSizer's spread factor).
+
+Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
+lists it.
 """
 
 import argparse
@@ -17,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harvest.bench import device_name
 
 UPDATE_KINDS = ("grad_norm", "optimizer", "checkpoint")
 
@@ -38,7 +43,6 @@ def run(args: argparse.Namespace) -> dict:
     os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
     import torch
 
-    from harvest.bench import device_name
     from harvest.finetune.unit_sizer import SPREAD_Z
 
     bounds = [_parse_bound(b) for b in (args.bound_ms or ["18.6", "none"])]

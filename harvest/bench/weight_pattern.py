@@ -7,13 +7,18 @@ from a real engine over torch's allocator; `harvest bench allocator` replays the
 
 Record again (the embedded SmolLM2-135M on the demo job, a 8-layer window, 2 optimizer steps, ~1 min on CPU):
 `python -m harvest.bench.weight_pattern`.
+
+Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
+lists it.
 """
 
 import json
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import yaml
 
 SHIPPED_PATH = Path(__file__).with_name("patterns") / "smollm2-135m-demo-window8.json"
 ALLOC, FREE, UNIT_END = "a", "f", "u"
@@ -48,9 +53,7 @@ def load_pattern(path: str | Path = SHIPPED_PATH) -> dict:
 
 
 def record(out: Path = SHIPPED_PATH, num_window_layers: int = 8, num_steps: int = 2) -> dict:
-    import tempfile
 
-    import yaml
 
     from harvest.finetune import FinetuneConfig, FinetuneEngine
     from harvest.finetune.demo.make_dataset import DEMO_DIR

@@ -6,6 +6,7 @@ declared requirements; the target image's own packages stay unless a pinned requ
 """
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -19,8 +20,8 @@ from dataclasses import dataclass, field
 from email.parser import Parser
 from pathlib import Path
 
-from packaging.requirements import Requirement
 from packaging import tags
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
@@ -29,8 +30,13 @@ from base.native import NATIVE_BUILD_DIR, REPO_ROOT
 from harvest.bundle.gpu_image import IMAGE_DISTRIBUTIONS, IMAGE_VERSIONS, KEPT_FROM_IMAGE, NEVER_CARRIED
 from harvest.bundle.import_set import RUNTIME_IMPORTS_FILE
 from harvest.bundle.install_bundle import sha256_of
-from harvest.bundle.wheel_repack import (parse_wheel_name, repack_wheel, sglang_drop, sglang_kernel_drop,
-                                         sglang_kernel_rename)
+from harvest.bundle.wheel_repack import (
+    parse_wheel_name,
+    repack_wheel,
+    sglang_drop,
+    sglang_kernel_drop,
+    sglang_kernel_rename,
+)
 from harvest.sglang.version import PINNED_STACK
 
 # A part and the checkout's tracked files (~9 MiB) fit one 64 MiB device call, with room for the tree to grow.
@@ -291,8 +297,6 @@ def _split(payload: Path, out_dir: Path) -> list[dict]:
 
 
 def _installed_version(name: str) -> str:
-    import importlib.metadata
-
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

@@ -3,6 +3,8 @@ standalone finetune run, each under `python -X importtime` (PYTHONPROFILEIMPORTT
 subprocesses too). The bundle carries what this finds, not what sglang declares.
 
 Run: python -m harvest.bundle.import_set  (writes harvest/bundle/runtime_imports.json)
+
+Deferred imports: the worker process only where the import set starts one.
 """
 
 import importlib.metadata
@@ -16,6 +18,9 @@ import time
 from pathlib import Path
 
 import httpx
+
+from harvest.finetune.demo.tiny_job import write_tiny_job
+from harvest.worker.client import prefilled_request
 
 RUNTIME_IMPORTS_FILE = Path(__file__).with_name("runtime_imports.json")
 IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s?( *)([\w.]+)\s*$")
@@ -40,8 +45,6 @@ def _normalise(name: str) -> str:
 
 
 def _record_worker(work_dir: Path, env: dict) -> str:
-    from harvest.finetune.demo.tiny_job import write_tiny_job
-    from harvest.worker.client import prefilled_request
     from harvest.worker.process import WorkerProcess, free_ports
 
     job = write_tiny_job(work_dir, max_steps=2, output_dir=str(work_dir / "adapter"))
@@ -63,8 +66,6 @@ def _record_worker(work_dir: Path, env: dict) -> str:
 
 
 def _record_finetune(work_dir: Path, env: dict) -> str:
-    from harvest.finetune.demo.tiny_job import write_tiny_job
-
     job = write_tiny_job(work_dir, max_steps=2, output_dir=str(work_dir / "alone"))
     out = subprocess.run([sys.executable, "-m", "harvest.cli.main", "finetune", str(job), "--quiet"],
                          capture_output=True, text=True, env=env, timeout=600)

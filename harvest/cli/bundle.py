@@ -1,8 +1,13 @@
-"""`harvest bundle`: build the offline bundle for a GPU host without network (install it with its install_bundle.py)."""
+"""`harvest bundle`: build the offline bundle for a GPU host without network (install it with its install_bundle.py).
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
+"""
 
 import argparse
 import json
 from pathlib import Path
+
+from base.errors import HarvestError
 
 
 def add_parser(subparsers) -> None:
@@ -24,7 +29,6 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harvest.bundle.bundle_builder import BundleSpec, build_bundle
-    from base.errors import HarvestError
 
     for extra in args.extra:
         if "==" not in extra:

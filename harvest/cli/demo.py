@@ -9,6 +9,8 @@
    published adapter (SGLang's `lora_path`) and once without;
 3. a clean stop (the job checkpoints its adapter, all three processes exit);
 4. a simulated replay of the full one-hour conv trace for every policy.
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
 """
 
 import argparse

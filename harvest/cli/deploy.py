@@ -3,18 +3,22 @@ in PD mode on one host, with mooncake moving the KV cache between the workers (o
 RDMA device, over --ib-device with one). With --decode-workers N > 1 and a --finetune job the decode workers
 train the job as one fleet (torchft lighthouse started here, shard K/N each). Prints the router URL; Ctrl-C or
 SIGTERM stops everything. Flags not listed here go to `harvest serve` (e.g. --finetune JOB.yaml --tpot-slo-ms
-300)."""
+300).
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
+"""
 
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 from harvest.cli.model_flag import add_worker_parser
 
 
 def add_parser(subparsers) -> None:
     parser = add_worker_parser(
-        subparsers, "deploy", run, description=__doc__,
+        subparsers, "deploy", run, description=__doc__.split("\n\n")[0],
         help="run prefill worker + harvest decode worker(s) + sglang-router on this host (real KV transfer)")
     parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
     parser.add_argument("--port", "--router-port", dest="router_port", type=int, default=30000,
@@ -44,7 +48,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from harvest.deploy import DeployConfig
     from harvest.deploy.pd_deployment import prepare_deployment, wait_until_stopped

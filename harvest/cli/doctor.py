@@ -1,4 +1,7 @@
-"""`harvest doctor [--json] [--only NAME,...]`: the checks of harvest/doctor/, one JSON line each, then a table."""
+"""`harvest doctor [--json] [--only NAME,...]`: the checks of harvest/doctor/, one JSON line each, then a table.
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
+"""
 
 import argparse
 import json

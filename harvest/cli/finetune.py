@@ -1,4 +1,7 @@
-"""`harvest finetune CFG.yaml`: run a LlamaFactory SFT-LoRA config on harvest's layer-wise engine, alone."""
+"""`harvest finetune CFG.yaml`: run a LlamaFactory SFT-LoRA config on harvest's layer-wise engine, alone.
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
+"""
 
 import argparse
 import contextlib

@@ -1,4 +1,7 @@
-"""`harvest model make`: a model of a named shape with random weights, for hosts that cannot download one."""
+"""`harvest model make`: a model of a named shape with random weights, for hosts that cannot download one.
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
+"""
 
 import argparse
 import json

@@ -2,6 +2,8 @@
 
 On the host's device (harvest/profiler/live_profile.py): its GPU where a CUDA driver is, else its CPU.
 `--co-run` profiles the device's partitions too: SM partitions on green contexts on a GPU, core sets on a CPU.
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
 """
 
 import argparse

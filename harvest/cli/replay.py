@@ -1,4 +1,7 @@
-"""`harvest replay`: replay a request trace live against a running worker, or simulate it per policy."""
+"""`harvest replay`: replay a request trace live against a running worker, or simulate it per policy.
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
+"""
 
 import argparse
 import dataclasses

@@ -2,11 +2,19 @@
 process. Every flag not listed here is SGLang's (see `python -m sglang.launch_server --help`). Unless given,
 harvest adds --disaggregation-transfer-backend fake (a lone worker); on a GPU --attention-backend triton; with
 --finetune --disable-overlap-schedule; on a host without a GPU --device cpu --attention-backend torch_native
---disable-cuda-graph --disable-overlap-schedule."""
+--disable-cuda-graph --disable-overlap-schedule.
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
+"""
 
 import argparse
 import os
+import sys
 
+from base.argv import flag_value, port_flag
+from base.errors import HarvestError
+from base.ports import check_port_free
+from base.system_libs import library_path_with_system_libs
 from harvest.cli.model_flag import add_worker_parser
 from harvest.config import AdminConfig, Colocation, ServeConfig, colocation_mode
 
@@ -17,7 +25,7 @@ SERVE_FLAGS = {"num_window_layers": "--finetune-window-layers", "max_unit_ms": "
 
 def add_parser(subparsers) -> None:
     parser = add_worker_parser(subparsers, "serve", run, help="run an SGLang decode worker with harvest inside",
-                               description=__doc__)
+                               description=__doc__.split("\n\n")[0])
     parser.add_argument("--admin-host", default="127.0.0.1", help="admin HTTP address (default 127.0.0.1)")
     parser.add_argument("--admin-port", type=int, default=30100, help="admin HTTP port (default 30100)")
     parser.add_argument("--admin-token", default=None,
@@ -86,13 +94,10 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from base.argv import flag_value, port_flag
-    from base.cuda_driver import ensure_driver_or_stub
-    from base.ports import check_port_free
-    from base.system_libs import library_path_with_system_libs
+    from base.cuda_driver import ensure_driver_or_stub  # deferred: test_gpu_twin's H100 stand-in patches it
     from harvest.models import resolve_model_path
     from harvest.sglang.launcher import build_sglang_argv, launch, parse_sglang_args
-    from harvest.worker.supervisor import supervise
+    from harvest.worker.supervisor import supervise  # deferred: test_gpu_twin patches it
 
     model_path = resolve_model_path(args.model_path)
     finetune, llamafactory = _finetune_config(args, model_path)
@@ -141,8 +146,7 @@ def _finetune_config(args: argparse.Namespace, model_path):
     that serves only (no --tpot-slo-ms, or --colocation off). The --finetune job is checked whole up front
     (harvest's job check; no model or data loaded): a bad job is an error here, not a failed job inside a worker
     that took a minute to start."""
-    from base.cuda_driver import has_real_driver
-    from base.errors import HarvestError
+    from base.cuda_driver import has_real_driver  # deferred: test_gpu_twin's H100 stand-in patches it
     from harvest.finetune import FinetuneConfig
     from harvest.finetune.job_validation import check_job, finetune_config
 
@@ -166,7 +170,6 @@ def _finetune_config(args: argparse.Namespace, model_path):
 
 def _fleet_config(args: argparse.Namespace):
     """The --fleet flags as a FleetConfig; None without --fleet (and then no other fleet flag may be given)."""
-    from base.errors import HarvestError
     from harvest.fleet import RoundPolicy
     from harvest.fleet.fleet_config import FleetConfig, parse_shard
 
@@ -188,9 +191,7 @@ def _fleet_config(args: argparse.Namespace):
 def _check_profile(config: ServeConfig, allow_synthetic: bool) -> None:
     """A bad profile, or one that cannot give the --colocation asked for, fails here, not in the worker; a
     synthetic one only where the user asked for it."""
-    import sys
 
-    from base.errors import HarvestError
     from predictor import Profile
     from predictor.synthetic_profile import is_synthetic
 
@@ -208,8 +209,6 @@ def _check_profile(config: ServeConfig, allow_synthetic: bool) -> None:
 
 
 def _partition_flag(value: str | None) -> tuple[int, int] | None:
-    from base.errors import HarvestError
-
     if value is None:
         return None
     try:
@@ -221,7 +220,7 @@ def _partition_flag(value: str | None) -> tuple[int, int] | None:
 
 def _check_core_partitions(config) -> None:
     """On a CPU host a spatial worker's partitions are core sets: they must fit this host's cores."""
-    from base.cuda_driver import has_real_driver
+    from base.cuda_driver import has_real_driver  # deferred: test_gpu_twin's H100 stand-in patches it
 
     if config.finetune is None or has_real_driver():
         return

@@ -1,7 +1,11 @@
 """`harvest status --admin URL [--admin URL ...]`: a running worker's stats as tables; with several workers (a
-fleet's decode workers), one row per worker side by side."""
+fleet's decode workers), one row per worker side by side.
+
+Deferred imports: the machinery is imported in `run()`, since `harvest --help` imports every subcommand module.
+"""
 
 import argparse
+import json
 
 import httpx
 from rich.console import Console
@@ -33,8 +37,6 @@ def run(args: argparse.Namespace) -> int:
         except httpx.HTTPError as e:
             raise HarvestError(f"cannot read stats from {url}: {e}") from None
     if args.json:
-        import json
-
         print(json.dumps(stats[urls[0]] if len(urls) == 1 else stats, indent=2))
     elif len(urls) == 1:
         print_stats_table(stats[urls[0]])

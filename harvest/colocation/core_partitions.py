@@ -7,6 +7,8 @@ thread count, which in this torch build (OpenMP) is per calling thread: the sche
 the unit thread's finetune each get their own team, on their own cores (eval/README.md, "Spatial
 co-location on CPU cores", has the measurement). OpenMP workers a team already made keep the affinity
 they were created with, so whole-device teams are made first, in a thread that holds every core.
+
+Deferred imports: torch only where a CUDA device's SM count is read; the host's partitions need none.
 """
 
 import contextlib
@@ -14,6 +16,7 @@ import os
 import threading
 
 from base.errors import HarvestError
+from predictor.partition_grid import PartitionGrid
 
 
 class CorePartitions:
@@ -21,8 +24,6 @@ class CorePartitions:
         """`pairs`: the (infer_cores, ft_cores) partitions the planner may pick (None: every one these cores
         form, as GreenPartitions); `cores`: the cores this worker may use (default: its affinity). A pair
         needing more cores than there are is an error."""
-        from predictor.partition_grid import PartitionGrid
-
         self.cores = sorted(os.sched_getaffinity(0) if cores is None else cores)
         self.num_sms = len(self.cores)
         self.granularity = 1

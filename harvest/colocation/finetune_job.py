@@ -3,6 +3,9 @@ finetune failure reach serving.
 
 Runs in the scheduler thread (units, checkpoints); the admin thread only flips flags and reads the
 stats cached after each unit.
+
+Deferred imports: torch, the engine's results and the fleet's checkpoint are imported where a job builds or trains, not
+when the runtime imports the job class.
 """
 
 import dataclasses
@@ -16,6 +19,7 @@ from enum import Enum
 
 from base.errors import HarvestError
 from harvest.finetune.finetune_config import FinetuneConfig
+from harvest.finetune.publishing import adapter_config_dict, adapter_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +252,6 @@ class FinetuneJob:
         and asks SGLang to load it (between batches; hooks.py charges that to the next step). Timed like a
         unit, so the controller fits it in a step's slack by its own estimate."""
         from harvest.finetune.finetune_engine import UnitResult
-        from harvest.finetune.publishing import adapter_config_dict, adapter_tensors
 
         self._is_publish_due = False
         started = time.perf_counter()

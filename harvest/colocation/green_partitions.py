@@ -10,11 +10,15 @@ may pick only `pairs`. A green context is created the first time one of its pair
 front with `prepare`, so a 136-pair grid does not create 136 contexts at start-up. Without requested pairs
 (a worker pinned for profiling, no profile yet) the partitions are every one the split forms on the device's
 grid (`grid`): the profiler may pin any of them.
+
+Deferred imports: torch and the CUDA bindings only when green contexts are made on a GPU.
 """
 
 import contextlib
 import logging
 from itertools import accumulate
+
+from predictor.partition_grid import PartitionGrid
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +54,6 @@ class GreenPartitions:
         import torch
         from cuda.bindings import driver
 
-        from predictor.partition_grid import PartitionGrid
 
         _check(driver.cuInit(0))
         self._device = _check(driver.cuDeviceGet(device_index))

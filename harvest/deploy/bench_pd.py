@@ -20,6 +20,9 @@ from pathlib import Path
 
 import httpx
 
+from harvest.deploy import DeployConfig
+from harvest.deploy.pd_deployment import free_deploy_ports, prepare_deployment
+from harvest.models import EMBEDDED_MODEL_PLACEHOLDER
 from harvest.worker.client import (
     generate,
     generate_request,
@@ -45,11 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from harvest.deploy.pd_deployment import prepare_deployment
-    from harvest.deploy import DeployConfig
-    from harvest.deploy.pd_deployment import free_deploy_ports
-    from harvest.models import EMBEDDED_MODEL_PLACEHOLDER
-
     if args.num_requests < 1 or args.rounds < 1 or args.max_new_tokens < 4:
         raise ValueError("need --num-requests >= 1, --rounds >= 1, --max-new-tokens >= 4")
     log_dir = Path(args.log_dir)

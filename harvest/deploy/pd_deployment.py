@@ -6,6 +6,9 @@ Order: the lighthouse first (the workers join it at start), then the prefill wor
 side by side, each health-checked; then the router, which must reach them. A stop goes the other way: the
 router first (no new requests), then the decode workers (drain, checkpoint the finetune job), the prefill
 worker, the lighthouse; each process and its children are reaped, so nothing outlives the deployment.
+
+Deferred imports: the job's LlamaFactory arguments and LoRA flags are imported only where a deployment carries a
+finetune job, since `harvest --help` imports this module.
 """
 
 import dataclasses
@@ -20,7 +23,9 @@ from pathlib import Path
 from base.argv import flag_value
 from base.errors import HarvestError
 from base.ports import check_port_free
+from base.system_libs import library_path_with_system_libs
 from harvest.deploy.fleet_workers import check_fleet_flags, is_fleet, worker_serve_args
+from harvest.models import resolve_model_path
 from harvest.sglang.pd_flags import (
     NUM_TRANSFER_PORTS,
     decode_flags,
@@ -304,9 +309,7 @@ def wait_until_stopped(deployment: PDDeployment, is_stopping, on_problem, poll_s
 def prepare_deployment(config):
     """Check the ports, resolve the model, and give the processes the driver stub (CPU hosts) and the
     transfer engine's system libraries; the deployment is returned unstarted."""
-    from base.cuda_driver import ensure_driver_or_stub
-    from base.system_libs import library_path_with_system_libs
-    from harvest.models import resolve_model_path
+    from base.cuda_driver import ensure_driver_or_stub  # deferred: test_gpu_twin's H100 stand-in patches it
 
     for flag, port in config.ports().items():
         check_port_free("127.0.0.1" if flag.startswith("--admin-port") else config.host, port, flag)

@@ -1,5 +1,9 @@
 """GPU checks of the memory path: driver facts, the CUDA VMM backend, unmapping with work in flight, KV
-lending and the weight window (torch + cuda-python; the reference is shared/gpu/smoke_gpu.py)."""
+lending and the weight window (torch + cuda-python; the reference is shared/gpu/smoke_gpu.py).
+
+Deferred imports: torch, the CUDA bindings and the allocator are imported by the checks that use them, so a host without
+a GPU stack still gets its report.
+"""
 
 import ctypes
 import functools

@@ -1,8 +1,13 @@
 """GPU checks of the SM partitions: the green split the driver gives, confinement of eager kernels and CUDA
-graphs (an `%smid` probe), the stream hand-off race, decode latency beside a saturating finetune partition."""
+graphs (an `%smid` probe), the stream hand-off race, decode latency beside a saturating finetune partition.
+
+Deferred imports: torch, the CUDA bindings and the allocator are imported by the checks that use them, so a host without
+a GPU stack still gets its report.
+"""
 
 import ctypes
 import time
+from types import SimpleNamespace
 
 from harvest.doctor.check import FAIL, INFO, PASS, check_table
 from harvest.doctor.gpu_memory_checks import driver_value
@@ -155,7 +160,6 @@ def gpu_handoff() -> dict:
     """Inputs written late on a schedule stream, forward on a partition's decode stream (a green context's, as
     in spatial mode), `.tolist()` back on the schedule stream: wrong values with a bare stream switch, right
     ones through the product's hand-off (harvest/sglang/step_streams.py, what the run_batch hook runs)."""
-    from types import SimpleNamespace
 
     import torch
 

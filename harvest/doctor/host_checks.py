@@ -1,4 +1,8 @@
-"""Checks that run on any host: the stack, the native libraries and the host backend of the allocator."""
+"""Checks that run on any host: the stack, the native libraries and the host backend of the allocator.
+
+Deferred imports: torch, the CUDA bindings and the allocator are imported by the checks that use them, so a host without
+a GPU stack still gets its report.
+"""
 
 import importlib.metadata
 import platform
@@ -6,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+from base.native import NATIVE_BUILD_DIR
 from harvest.doctor.check import FAIL, PASS, check_table
 from harvest.doctor.kv_round_trip import kv_lend_reclaim
 from harvest.doctor.vmm_round_trip import vmm_round_trip
@@ -31,8 +36,7 @@ def host_env() -> dict:
     import torch
 
     from allocator.native_vmm import CUDA_LIBRARY, HOST_LIBRARY
-    from base.native import NATIVE_BUILD_DIR
-    from base.cuda_driver import has_real_driver
+    from base.cuda_driver import has_real_driver  # deferred: test_gpu_twin's H100 stand-in patches it
 
     versions = {name: _version(name) for name in PINNED}
     stack_ok = all((versions[name] or "").split("+")[0] == pin for name, pin in PINNED.items())

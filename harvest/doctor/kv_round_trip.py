@@ -1,4 +1,8 @@
-"""The KV lend / reclaim round trip the host and GPU checks both run, on their own allocator backend."""
+"""The KV lend / reclaim round trip the host and GPU checks both run, on their own allocator backend.
+
+Deferred imports: torch, the CUDA bindings and the allocator are imported by the checks that use them, so a host without
+a GPU stack still gets its report.
+"""
 
 from harvest.doctor.check import FAIL, PASS
 

@@ -2,6 +2,9 @@
 with the reason otherwise), the ones that may kill the CUDA context in a subprocess of their own.
 
 `python -m harvest.doctor.runner NAME` runs one check and prints its values as one JSON line.
+
+Deferred imports: torch, the CUDA bindings and the allocator are imported by the checks that use them, so a host without
+a GPU stack still gets its report.
 """
 
 import json

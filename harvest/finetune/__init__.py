@@ -6,8 +6,8 @@ __all__ = ["FinetuneConfig", "FinetuneEngine", "UnitResult"]
 
 
 def __getattr__(name: str):
-    # The engine imports torch; the config is read by `harvest serve`'s flag parsing, which must not.
     if name in ("FinetuneEngine", "UnitResult"):
+        # deferred: the engine imports torch; the config is read by `harvest serve`'s flag parsing, which must not.
         from harvest.finetune import finetune_engine
 
         return getattr(finetune_engine, name)

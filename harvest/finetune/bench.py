@@ -7,6 +7,9 @@ loading and collation, forward/backward, optimizer, logging. Also measured: harv
 layer (swapping every layer every pass), how fast shrinking the window returns memory, the largest
 relative loss difference to LlamaFactory, and the bytes the job holds with a copy of the base weights vs
 computing on the served ones (`base_weights`).
+
+Deferred imports: the training libraries (llamafactory, transformers, peft, safetensors) are imported by the functions
+that use them, so importing this module does not pay their seconds of start-up.
 """
 
 import argparse

@@ -2,6 +2,9 @@
 
 Written to a temporary directory and renamed into place, so a kill mid-save never leaves a half checkpoint
 that `latest()` would pick.
+
+Deferred imports: the training libraries (llamafactory, transformers, peft, safetensors) are imported by the functions
+that use them, so importing this module does not pay their seconds of start-up.
 """
 
 import json

@@ -6,6 +6,9 @@ autograd on and backpropagates the gradient arriving from above, exactly what gr
 default in LlamaFactory) does, but one layer per call so a scheduler can stop between any two layers.
 Where units are bounded in time, a layer's backward is two units: recompute (its forward with autograd on,
 the graph kept) and backward (the gradient through that graph), so neither carries the whole layer's cost.
+
+Deferred imports: the training libraries (llamafactory, transformers, peft, safetensors) are imported by the functions
+that use them, so importing this module does not pay their seconds of start-up.
 """
 
 from contextlib import contextmanager, nullcontext

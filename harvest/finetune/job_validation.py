@@ -11,10 +11,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from base.errors import HarvestError
 from harvest.finetune.checkpoint_store import CheckpointStore
 from harvest.finetune.finetune_config import FinetuneConfig
 from harvest.finetune.llamafactory_args import LlamaFactoryArgs
+
 
 def finetune_config(flag_names: dict[str, str], **values) -> FinetuneConfig:
     """FinetuneConfig from CLI values; an invalid one is a HarvestError naming the flag it came from
@@ -55,8 +58,6 @@ def check_output_dir(llamafactory: LlamaFactoryArgs, resume: bool, resume_flag: 
 
 
 def _check_device(device: str, flag: str) -> None:
-    import torch
-
     try:
         parsed = torch.device(device)
     except RuntimeError:

@@ -1,6 +1,10 @@
 """A job's values against the types of LlamaFactory's own argument classes, then the ranges LlamaFactory and the
 HF Trainer do not check at parse time; the first bad key is a HarvestError naming it. Parsing the job
-(llamafactory_args.py) runs this before LlamaFactory's own parse, so a wrong value reads as one line."""
+(llamafactory_args.py) runs this before LlamaFactory's own parse, so a wrong value reads as one line.
+
+Deferred imports: the training libraries (llamafactory, transformers, peft, safetensors) are imported by the functions
+that use them, so importing this module does not pay their seconds of start-up.
+"""
 
 import types
 import typing

@@ -3,6 +3,9 @@
 Everything is checked before any work (no model conversion, no dataset tokenization): each error names
 the YAML key. Parsing goes through `llamafactory.hparams.get_train_args`, so defaults, derived values and
 LlamaFactory's own consistency checks are exactly those `llamafactory-cli train` applies.
+
+Deferred imports: the training libraries (llamafactory, transformers, peft, safetensors) are imported by the functions
+that use them, so importing this module does not pay their seconds of start-up.
 """
 
 import json
@@ -15,6 +18,7 @@ import yaml
 from base.errors import HarvestError
 from harvest.finetune.job_values import check_values
 from harvest.finetune.publishing import split_harvest_keys
+from harvest.models import EMBEDDED_MODEL_PLACEHOLDER, resolve_model_path
 
 # Keys whose non-default value changes the training loop in ways the layer-wise engine does not reproduce.
 UNSUPPORTED_KEYS = {
@@ -161,8 +165,6 @@ def _check_dataset(dataset: str | list[str], dataset_dir: str) -> None:
 
 
 def _check_model_path(model_path: str) -> None:
-    from harvest.models import EMBEDDED_MODEL_PLACEHOLDER
-
     if model_path == EMBEDDED_MODEL_PLACEHOLDER:
         return
     if not (Path(model_path).expanduser() / "config.json").is_file():
@@ -170,8 +172,6 @@ def _check_model_path(model_path: str) -> None:
 
 
 def _resolve_model(model_path: str) -> Path:
-    from harvest.models import resolve_model_path
-
     try:
         return resolve_model_path(model_path)
     except HarvestError as e:

@@ -1,5 +1,9 @@
 """Publishing the adapter being trained: the job YAML's harvest keys for it, and the adapter as SGLang's
-LoRA loader takes it from tensors (PEFT's names and config, no file)."""
+LoRA loader takes it from tensors (PEFT's names and config, no file).
+
+Deferred imports: the training libraries (llamafactory, transformers, peft, safetensors) are imported by the functions
+that use them, so importing this module does not pay their seconds of start-up.
+"""
 
 import json
 from dataclasses import dataclass

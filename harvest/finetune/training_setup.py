@@ -3,6 +3,9 @@
 The PEFT model, tokenizer, dataset and collator come from LlamaFactory's SFT workflow functions; the data
 order, optimizer, LR schedule, step count and save interval come from a LlamaFactory trainer object whose
 training loop is never run. harvest's engine only replaces that loop.
+
+Deferred imports: the training libraries (llamafactory, transformers, peft, safetensors) are imported by the functions
+that use them, so importing this module does not pay their seconds of start-up.
 """
 
 import math

@@ -6,6 +6,8 @@ worker trained since, summed over the round's members with torchft's fault-toler
 round commits, base += the weighted mean. The worker keeps training while the round is in flight; when it
 is applied, the steps trained meanwhile stay on top of the new base (their count is the round's staleness).
 A worker that joins or restarts takes the base from a live peer (torchft's healing) before it trains.
+
+Deferred imports: torchft (and the OpenTelemetry SDK it pulls in) only when a job joins a fleet.
 """
 
 import logging
@@ -16,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torch.distributed import ReduceOp, TCPStore
 
 from base.errors import HarvestError
 from harvest.fleet import adapter_delta
@@ -46,7 +49,6 @@ def make_manager(lighthouse_addr: str, replica_id: str, min_members: int, timeou
     """A torchft Manager for a one-process replica group: its own TCPStore and gloo process group. Gloo on a GPU
     host too: a round's buffer is the adapter's delta on the host (megabytes, once a round), and NCCL would run
     its all-reduce as kernels on the SMs that decode and the job share, outside any unit the controller plans."""
-    from torch.distributed import TCPStore
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
@@ -179,8 +181,6 @@ class FleetSync:
         """On the fleet thread: quorum (a behind member heals here), the fingerprints' all-reduce, the delta's,
         the commit vote. Every member sums (f, f^2): all fingerprints are equal iff sum^2 == members * sum of
         squares; if not, every member skips the delta (whose size may differ) and votes the round down."""
-        from torch.distributed import ReduceOp
-
         started = time.perf_counter()
         manager = self._manager
         manager.start_quorum()

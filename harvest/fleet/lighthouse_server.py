@@ -1,6 +1,9 @@
 """`python -m harvest.fleet.lighthouse_server --bind HOST:PORT`: torchft's lighthouse as a process of its own, run
 until SIGTERM or SIGINT. `harvest deploy --decode-workers N` owns one for its fleet; its members join it by
-`harvest serve --fleet http://HOST:PORT`. Its HTTP page /status answers once it listens."""
+`harvest serve --fleet http://HOST:PORT`. Its HTTP page /status answers once it listens.
+
+Deferred imports: torchft only when the lighthouse starts.
+"""
 
 import argparse
 import signal

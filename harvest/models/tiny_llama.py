@@ -2,6 +2,8 @@
 
 Tests and CPU examples use it where the embedded SmolLM2 would be slow. SGLang serves it, LlamaFactory
 loads it, PEFT wraps it: every code path is the real one, only the weights are random.
+
+Deferred imports: torch, transformers and tokenizers only when the model is built; the constants are read without them.
 """
 
 from dataclasses import replace

@@ -53,7 +53,7 @@ class FinetuneProfiler:
         units (ProfiledDevice.finetune_context: pinned cores, or a green-context stream). One engine, built and
         warmed on the whole device (on a CPU, OpenMP teams made first on every core: core_partitions.py),
         then `num_steps` optimizer steps per partition."""
-        from harvest.finetune import FinetuneConfig, FinetuneEngine
+        from harvest.finetune import FinetuneConfig, FinetuneEngine  # deferred: the engine loads torch
 
         started = time.perf_counter()
         measurements = {}

@@ -9,6 +9,8 @@ so the two never share the device. With --co-run the worker is spatial and pinne
 and co-run with the job training on the finetune side, whose co-run finetune rate the worker measures
 (SpatialController stats); then the job alone on each finetune side it co-ran on. Why visits are shuffled,
 re-queued when disturbed and reduced by their minimum: eval/README.md, "Live profiling on a shared host".
+
+Deferred imports: the worker, its client and the finetune and load drivers only where a live profile starts them.
 """
 
 import os
@@ -19,6 +21,18 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
+
+from rich.progress import Progress
+
+from base.errors import HarvestError
+from harvest.models import EMBEDDED_MODEL_PLACEHOLDER, resolve_model_path
+from harvest.profiler import DecodeProfiler
+from harvest.worker.client import read_stats
+from predictor.config import DEFAULT_CONFIG
+from predictor.finetune_throughput import FinetuneThroughput
+from predictor.profile import Profile
+from predictor.samples import write_samples
+from predictor.sampling_plan import SamplingPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,18 +89,10 @@ def recorded_path(path: str | Path) -> str:
 
 def run_live_profile(config: LiveProfileConfig, console) -> dict:
     """Profile, write the profile and its samples, and return the run's summary."""
-    from rich.progress import Progress
 
-    from base.errors import HarvestError
-    from harvest.models import EMBEDDED_MODEL_PLACEHOLDER, resolve_model_path
-    from harvest.profiler import DecodeProfiler
     from harvest.profiler.foreign_load import ForeignLoad
     from harvest.profiler.profiled_device import cpu_model_name, local_device
     from harvest.worker.process import WorkerProcess
-    from predictor.config import DEFAULT_CONFIG
-    from predictor.profile import Profile
-    from predictor.samples import write_samples
-    from predictor.sampling_plan import SamplingPlan
 
     if config.finetune is not None and not Path(config.finetune).is_file():
         raise HarvestError(f"--finetune {config.finetune!r}: no such file")
@@ -255,9 +261,6 @@ def _co_run_flags(config: LiveProfileConfig, grid) -> list[str]:
 
 
 def _wait_for_job(admin_url: str, timeout_s: float = 600.0) -> None:
-    from base.errors import HarvestError
-    from harvest.worker.client import read_stats
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = read_stats(admin_url)["finetune"]["state"]
@@ -288,7 +291,6 @@ def _co_run_throughput(config: LiveProfileConfig, device, co_run_rates: dict[int
     """Per finetune partition size the job co-ran on: its solo rate (the job alone on those units) and the
     co-run rate the worker measured beside decode."""
     from harvest.profiler.finetune_profiler import FinetuneProfiler
-    from predictor.finetune_throughput import FinetuneThroughput
 
     contexts = {ft: (lambda ft=ft: device.finetune_context(ft)) for ft in co_run_rates}
     with console.status(f"measuring the finetune job alone on {len(contexts)} finetune partitions ..."):

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from base.errors import HarvestError
+from harvest.colocation.core_partitions import CorePartitions
+from harvest.colocation.green_partitions import GreenPartitions
 from predictor.partition_grid import PartitionGrid
 from predictor.sampling_plan import SamplePoint
 
@@ -70,7 +72,7 @@ class ProfiledDevice:
 
 def local_device() -> ProfiledDevice:
     """The device this host profiles: its GPU where a CUDA driver is, else its CPU cores."""
-    from base.cuda_driver import has_real_driver
+    from base.cuda_driver import has_real_driver  # deferred: test_gpu_twin's H100 stand-in patches it
 
     if has_real_driver():
         return gpu_device(GPU_INDEX)
@@ -78,14 +80,10 @@ def local_device() -> ProfiledDevice:
 
 
 def cpu_device(cores: list[int] | None = None) -> ProfiledDevice:
-    from harvest.colocation.core_partitions import CorePartitions
-
     return ProfiledDevice(cpu_model_name(), CorePartitions(None, cores), "cpu", PartitionGrid.from_name("cpu"))
 
 
 def gpu_device(index: int) -> ProfiledDevice:
-    from harvest.colocation.green_partitions import GreenPartitions
-
     try:
         partitions = GreenPartitions(index, None)
     except (ImportError, RuntimeError) as e:

@@ -1,5 +1,8 @@
 """PNG plots of a results.json, after HARLI's Fig. 11a (TPOT CDF), 11b (finetune throughput), 14 (SM split
-and step latency over time) and 13 (KV / finetune memory and window size over time)."""
+and step latency over time) and 13 (KV / finetune memory and window size over time).
+
+Deferred imports: matplotlib (and its Agg backend, chosen before pyplot) only when plots are written.
+"""
 
 from pathlib import Path
 

@@ -1,4 +1,7 @@
-"""One `harvest replay` run: load and shape the trace, replay it live or simulated, write results and plots."""
+"""One `harvest replay` run: load and shape the trace, replay it live or simulated, write results and plots.
+
+Deferred imports: the job trace writer and the plots (matplotlib) only where a run writes them.
+"""
 
 import json
 import re
@@ -6,7 +9,29 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
 from base.errors import HarvestError
+from harvest.fleet.round_policy import RoundPolicy
+from harvest.replay.comparison_table import print_comparison
+from harvest.replay.fleet_replay import DEFAULT_ROUND_S, FleetReplay
+from harvest.replay.fleet_sync_cost import SyncCost
+from harvest.replay.job_replay import JobReplay
+from harvest.replay.job_trace import load_jobs
+from harvest.replay.live_replay import LiveReplay
+from harvest.replay.recorded_device import Recording
+from harvest.replay.replay_config import POLICIES, DeviceMemory, ReplayConfig
+from harvest.replay.replay_simulation import ReplaySimulation
+from predictor import Profile
+from predictor.synthetic_profile import SHIPPED_PATH
+from traces.trace_loader import load_trace
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|min|h)?\s*$")
 _UNIT_S = {None: 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -61,8 +86,6 @@ class ReplayRunConfig:
 
 
 def load_replay_trace(config: ReplayRunConfig):
-    from traces.trace_loader import load_trace
-
     trace = load_trace(config.trace)
     if config.window is not None or config.window_start != "0":
         duration = None if config.window is None else parse_duration_s(config.window, "--window")
@@ -77,9 +100,6 @@ def load_job_replay(config: ReplayRunConfig):
     """--jobs, checked before anything runs: the trace read (or the synthetic spec parsed) and the flags it needs."""
     if config.jobs is None:
         return None
-    from harvest.replay.job_replay import JobReplay
-    from harvest.replay.job_trace import load_jobs
-
     if not config.simulate:
         raise HarvestError("--jobs needs --simulate (a live replay's jobs are submitted to the worker)")
     if config.policy not in ("all", "harvest"):
@@ -94,10 +114,6 @@ def load_job_replay(config: ReplayRunConfig):
 
 def load_device(config: ReplayRunConfig):
     """(profile path, profile, memory) of a simulated replay."""
-    from harvest.replay.replay_config import DeviceMemory
-    from predictor import Profile
-    from predictor.synthetic_profile import SHIPPED_PATH
-
     profile_path = config.profile or str(SHIPPED_PATH)
     profile = Profile.load(profile_path)
     memory = DeviceMemory.for_profile(profile, config.memory).with_kv_capacity(config.kv_capacity_tokens)
@@ -106,10 +122,6 @@ def load_device(config: ReplayRunConfig):
 
 def load_fleet_replay(config: ReplayRunConfig):
     """--decode-workers, checked before anything runs; None without it."""
-    from harvest.fleet.round_policy import RoundPolicy
-    from harvest.replay.fleet_replay import DEFAULT_ROUND_S, FleetReplay
-    from harvest.replay.fleet_sync_cost import SyncCost
-
     if config.decode_workers is None:
         given = [flag for flag, value in (("--fleet-round-tokens", config.fleet_round_tokens),
                                           ("--fleet-round-s", config.fleet_round_s),
@@ -141,10 +153,6 @@ def load_fleet_replay(config: ReplayRunConfig):
 
 def run_replay(config: ReplayRunConfig, console) -> tuple[dict, list[Path]]:
     """Replay, write results.json and the plots, print the comparison; returns the results and what was written."""
-    from rich.console import Console
-
-    from harvest.replay.comparison_table import print_comparison
-
     if bool(config.target) == bool(config.simulate):
         raise HarvestError("give exactly one of --target URL (live) and --simulate (with --profile)")
     jobs = load_job_replay(config)
@@ -175,12 +183,6 @@ def run_replay(config: ReplayRunConfig, console) -> tuple[dict, list[Path]]:
 
 
 def _simulate(config: ReplayRunConfig, trace, console, jobs=None, fleet=None) -> dict:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from harvest.replay.recorded_device import Recording
-    from harvest.replay.replay_config import POLICIES, ReplayConfig
-    from harvest.replay.replay_simulation import ReplaySimulation
-
     profile_path, profile, memory = load_device(config)
     console.print(f"memory preset {memory.name}: {memory.basis}")
     replay_config = ReplayConfig(
@@ -222,16 +224,6 @@ def _simulate(config: ReplayRunConfig, trace, console, jobs=None, fleet=None) ->
 
 
 def _live(config: ReplayRunConfig, trace, console) -> dict:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from harvest.replay.live_replay import LiveReplay
-
     replay = LiveReplay(
         config.target, config.admin, config.tpot_ms, config.concurrency, drain_s=config.drain_s
     )

@@ -8,15 +8,23 @@ the tensors to the scheduler, which loads them in its own thread between batches
 (Scheduler.load_lora_adapter_from_tensors; hooks.py times that and charges it to the next decode step).
 A new version is loaded under the same name, which harvest's workers take as an atomic replace
 (lora_replace.py): each request runs on the version its name pointed to when it was received.
+
+Deferred imports: SGLang is imported when a hook is installed or fires, inside the worker that runs it; importing it
+sets up its CUDA and multiprocessing state.
 """
 
+import base64
 import logging
+import pickle
 import queue
 import threading
 import time
 from dataclasses import dataclass
 
 import httpx
+
+from base.errors import HarvestError
+from harvest.sglang.lora_flags import lora_flags_for
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +40,6 @@ class AdapterTarget:
         self._is_cpu_host = server_args.device == "cpu"
 
     def check(self, llamafactory) -> None:
-        from base.errors import HarvestError
-        from harvest.sglang.lora_flags import lora_flags_for
-
         missing = lora_flags_for(llamafactory, self._argv, self._is_cpu_host)
         if missing:
             raise HarvestError(f"publish_every_steps: this worker's SGLang was started without {' '.join(missing)}, "
@@ -164,8 +169,6 @@ def _payload(name: str, item: _Version, by_handle: bool) -> dict:
     (a prefill worker) is another process tree, whose multiprocessing authkey differs, so it cannot take a
     handle ("digest sent was rejected", and its scheduler dies): the tensors go by value, plain pickle, which
     SGLang's deserializer reads too."""
-    import base64
-    import pickle
 
     from sglang.srt.utils.common import MultiprocessingSerializer
 

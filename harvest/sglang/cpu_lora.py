@@ -4,6 +4,8 @@ SGLang 0.5.12's LoRA layers, backends and adapter loader pin host memory uncondi
 (`pin_memory=True`, e.g. sglang/srt/lora/layers.py:432), and torch refuses that without a CUDA driver
 ("RuntimeError: Found no NVIDIA driver on your system"). Nothing else in LoRA serving needs a GPU
 (`--lora-backend torch_native`), so in a CPU worker's scheduler process pinning is made a no-op.
+
+Deferred imports: torch only when the CPU patch is applied, inside the worker.
 """
 
 import functools

@@ -18,6 +18,9 @@ Hooked (the SGLang of version.py: disaggregation/decode.py event loops, model_ru
   Scheduler._check_full_pool      AROUND  the idle leak check counts lent slots as accounted for
   Scheduler.load_lora_adapter_from_tensors  AROUND  a published adapter's load, timed and charged
   Scheduler.unload_lora_adapter   AROUND  an old version's unload, timed and charged
+
+Deferred imports: SGLang is imported when a hook is installed or fires, inside the worker that runs it; importing it
+sets up its CUDA and multiprocessing state.
 """
 
 import contextlib
@@ -28,10 +31,14 @@ import signal
 import time
 
 import psutil
+import torch
 
+from allocator import AllocatorConfig, UnifiedAllocator
 from base.errors import HarvestError
 from harvest.config import ServeConfig
 from harvest.runtime import HarvestRuntime
+from harvest.sglang.step_streams import StepStreams
+from harvest.sglang.stream_groups import StreamGroups
 from harvest.sglang.version import require_pinned_sglang
 from harvest.step_stats import DecodeStep
 from harvest.worker.start_failure import report_start_failure
@@ -85,8 +92,6 @@ def start_up_hook(hook):
 def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from harvest.sglang.step_streams import StepStreams
-    from harvest.sglang.stream_groups import StreamGroups
 
     state = {"allocator": None, "stream_groups": None, "step_streams": None}
 
@@ -127,8 +132,6 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
             runtime.refuse_kv_lending(reason)
             logger.warning("harvest: KV lending off: %s", reason)
             return init_pools(runner, *args, **kwargs)
-        from allocator import UnifiedAllocator
-
         allocator = state["allocator"] = UnifiedAllocator(allocator_config)
         with chunked_pool_classes(allocator):
             result = init_pools(runner, *args, **kwargs)
@@ -274,10 +277,6 @@ def allocator_config_for(runner, serve_config: ServeConfig):
     """Unified allocator chunks covering the KV pool SGLang is about to build. T_release is one TPOT
     target: reclaim runs between decode steps, so lent memory is back within one step, and the HARLI
     reserve is one step's growth of the largest batch."""
-    import torch
-
-    from allocator import AllocatorConfig
-
     is_cuda = str(runner.device).startswith("cuda")
     return AllocatorConfig.for_kv_pool(
         runner.num_effective_layers, runner.model_config.get_num_kv_heads(1), runner.model_config.head_dim,

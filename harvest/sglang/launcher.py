@@ -2,6 +2,9 @@
 
 harvest's own flags are parsed by the CLI; everything else is SGLang's and goes through SGLang's parser
 unchanged, after harvest fills in what a decode worker on this host needs and the user left out.
+
+Deferred imports: SGLang is imported when a hook is installed or fires, inside the worker that runs it; importing it
+sets up its CUDA and multiprocessing state.
 """
 
 import argparse
@@ -12,8 +15,8 @@ import logging
 import os
 import warnings
 
-from base.errors import HarvestError
 from base.argv import flag_value, has_flag
+from base.errors import HarvestError
 from harvest.config import ServeConfig
 
 logger = logging.getLogger(__name__)

@@ -8,6 +8,9 @@ HTTP process: a name already loaded is loaded again under a versioned internal n
 registry's lock, the name is pointed at the new lora_id in one step; the old version is unloaded once its
 requests ended (SGLang's own wait_for_unload and unload, as its unload route does). A request runs on the
 version its name pointed to when the tokenizer manager received it.
+
+Deferred imports: SGLang is imported when a hook is installed or fires, inside the worker that runs it; importing it
+sets up its CUDA and multiprocessing state.
 """
 
 import logging

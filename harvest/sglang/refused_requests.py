@@ -6,6 +6,9 @@ check refuses the request (an adapter never loaded, or one in the gap of a publi
 adapter_publisher.py) the client gets its 400 but the record stays, and SGLang's graceful shutdown
 (`sigterm_watchdog`) waits for that request forever, until the supervisor kills the worker. The request
 never reached the scheduler, so forgetting it is all SGLang's own cleanup would have done.
+
+Deferred imports: SGLang is imported when a hook is installed or fires, inside the worker that runs it; importing it
+sets up its CUDA and multiprocessing state.
 """
 
 TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"

@@ -18,9 +18,14 @@ cuda_graph_runner.py:913-928), so the extra groups are capped twice: at most `ma
 on a partition stream with no graph for its batch runs eagerly on that stream (`can_replay`), never through
 group 0's graph: that graph's kernels would keep the primary context and run on every SM, over the finetune
 partition beside it.
+
+Deferred imports: SGLang is imported when a hook is installed or fires, inside the worker that runs it; importing it
+sets up its CUDA and multiprocessing state.
 """
 
 import time
+
+import torch
 
 from harvest.config import DEFAULT_GRAPH_SETS
 
@@ -74,7 +79,6 @@ class StreamGroups:
         """Hand the groups to SGLang's pdmux context, before the CUDA graph runner captures. Capture reads a
         group's second stream (CudaGraphRunner.capture: graph_capture(stream=sg[1])); group 0 captures on a
         side stream of the primary context, as SGLang does without groups."""
-        import torch
         from sglang.srt.multiplex import pdmux_context
 
         own = torch.cuda.Stream(device)

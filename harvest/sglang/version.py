@@ -9,7 +9,7 @@ SGLANG_VERSION = PINNED_STACK["sglang"]
 
 
 def require_pinned_sglang() -> None:
-    import sglang  # here, not at import: doctor and bundle read the pins on hosts without a working SGLang
+    import sglang  # deferred: doctor and bundle read the pins on hosts without a working SGLang
 
     if sglang.__version__ != SGLANG_VERSION:
         raise HarvestError(f"harvest's SGLang adapter was written for sglang {SGLANG_VERSION}, "

@@ -6,6 +6,8 @@ turns SIGTERM and SIGINT into one orderly SIGTERM to it, waits for the drain, re
 and exits 0, so an operator or systemd sees a clean stop and no orphan. If the supervisor itself dies
 (kill -9, OOM killer), a watchdog thread in the worker notices, has the job checkpoint and stops the worker
 the same way; SGLang's scheduler and detokenizer die with the worker (they set PR_SET_PDEATHSIG).
+
+Deferred imports: httpx only where the supervisor polls a worker.
 """
 
 import contextlib

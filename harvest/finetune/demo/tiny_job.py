@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from harvest.finetune.demo.make_dataset import DATASET_NAME, DEMO_DIR
+from harvest.models.tiny_llama import build_tiny_llama
 
 # `default` is a plain LlamaFactory template ("Human: ...\nAssistant: ...") that needs no special tokens,
 # so it renders with the tiny Llama's trained BPE tokenizer as well as with SmolLM2's.
@@ -35,8 +36,6 @@ TINY_JOB = {
 
 def write_tiny_job(work_dir: str | Path, num_layers: int = 2, **overrides: Any) -> Path:
     """Build (or reuse) a tiny Llama under work_dir and write a job YAML next to it; returns the YAML path."""
-    from harvest.models.tiny_llama import build_tiny_llama
-
     work_dir = Path(work_dir)
     model_dir = build_tiny_llama(work_dir / f"tiny-llama-{num_layers}l", num_hidden_layers=num_layers)
     job = {**TINY_JOB, "model_name_or_path": str(model_dir), "output_dir": str(work_dir / "out"), **overrides}
