@@ -36,9 +36,10 @@ from harvest.bench.colocate import (
     wait_job_steps,
 )
 from harvest.bench.trainer_process import cpu_halves
+from harvest.deploy.fleet_lighthouse import lighthouse_process, start_lighthouse
 from harvest.models import resolve_model_path
 from harvest.worker.client import read_stats
-from harvest.worker.process import WorkerProcess, free_ports
+from harvest.worker.process import free_ports
 
 ROWS = {"one-worker": "one worker (all cores)", "fleet-2": "fleet of 2 (half the cores each)"}
 FLEET_SIZE = 2
@@ -116,17 +117,16 @@ def _one_worker(trace, job: dict, model_path: str, run_dir: Path, args: argparse
 
 
 def _lighthouse(run_dir: Path):
-    """The fleet's lighthouse as `harvest deploy` runs it (harvest.fleet.lighthouse_server, a WorkerProcess
-    polled on /status; its log in the run's folder), and its URL once it answers."""
+    """The fleet's lighthouse as `harvest deploy` runs it (its log in the run's folder), and its URL once it
+    answers."""
     (port,) = free_ports(1)
     run_dir.mkdir(parents=True, exist_ok=True)
-    lighthouse = WorkerProcess([], None, 0, run_dir / "lighthouse.log",
-                               command=[sys.executable, "-m", "harvest.fleet.lighthouse_server", "--bind",
-                                        f"127.0.0.1:{port}", "--join-timeout-ms", "1000"])
-    lighthouse.launch()
-    if not lighthouse.wait_until_ok("/status", 30.0, "the fleet's lighthouse", port=port):
+    lighthouse = lighthouse_process("127.0.0.1", port, run_dir / "lighthouse.log", join_timeout_ms=1000)
+    try:
+        start_lighthouse(lighthouse, port, 30.0)
+    except HarvestError:
         lighthouse.stop()
-        raise HarvestError(f"the fleet's lighthouse did not answer on port {port} (see {lighthouse.log_path})")
+        raise
     return lighthouse, f"http://127.0.0.1:{port}"
 
 

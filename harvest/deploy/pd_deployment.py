@@ -15,7 +15,6 @@ import dataclasses
 import importlib.util
 import logging
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +23,7 @@ from base.argv import flag_value
 from base.errors import HarvestError
 from base.ports import check_port_free
 from base.system_libs import library_path_with_system_libs
+from harvest.deploy.fleet_lighthouse import lighthouse_process, start_lighthouse
 from harvest.deploy.fleet_workers import check_fleet_flags, is_fleet, worker_serve_args
 from harvest.models import resolve_model_path
 from harvest.sglang.pd_flags import (
@@ -158,10 +158,7 @@ class PDDeployment:
         )
         self.lighthouse = None
         if c.is_fleet:
-            self.lighthouse = WorkerProcess(
-                [], None, 0, c.log_dir / "lighthouse.log",
-                command=[sys.executable, "-m", "harvest.fleet.lighthouse_server", "--bind",
-                         f"{c.host}:{c.lighthouse_port}"], env=env)
+            self.lighthouse = lighthouse_process(c.host, c.lighthouse_port, c.log_dir / "lighthouse.log", env)
         max_tokens = [] if c.max_total_tokens is None else ["--max-total-tokens", str(c.max_total_tokens)]
         # Every decode worker publishes into the prefill worker too: N publishers of one name there (see README).
         publish_to = ["--publish-to", self.prefill.url] if c.prefill_lora_flags else []
@@ -206,7 +203,7 @@ class PDDeployment:
         pool = ThreadPoolExecutor(1 + len(self.decodes))
         try:
             if self.lighthouse is not None:
-                self._start_lighthouse(timeout_s)
+                start_lighthouse(self.lighthouse, self.config.lighthouse_port, timeout_s)
             workers = [pool.submit(self._start, "prefill worker", self.prefill, timeout_s)]
             workers += [pool.submit(self._start, self._decode_name(k), decode, timeout_s)
                         for k, decode in enumerate(self.decodes)]
@@ -223,17 +220,6 @@ class PDDeployment:
 
     def _decode_name(self, k: int) -> str:
         return "decode worker (harvest serve)" if len(self.decodes) == 1 else f"decode worker {k} (harvest serve)"
-
-    def _start_lighthouse(self, timeout_s: float) -> None:
-        self.lighthouse.launch()
-        port = self.config.lighthouse_port
-        try:
-            ready = self.lighthouse.wait_until_ok("/status", timeout_s, "lighthouse", port=port)
-        except HarvestError as e:
-            raise HarvestError(f"fleet lighthouse: {e}") from None
-        if not ready:
-            raise HarvestError(f"fleet lighthouse: not answering on port {port} after {timeout_s:.0f} s; "
-                               f"log: {self.lighthouse.log_path}")
 
     @staticmethod
     def _start(name: str, process: WorkerProcess, timeout_s: float) -> None:
