@@ -99,8 +99,21 @@ print(f"free_ports: killed {len(procs)} process(es) on {sorted(ports)}" if procs
 EOF
 }
 
+dump_stacks() {  # every thread's stack of the worker's scheduler into worker.log (hooks.py registers SIGUSR2)
+  "$python" - "$1" <<'EOF2'
+import signal, sys, psutil
+for p in psutil.Process(int(sys.argv[1])).children(recursive=True):
+    try:
+        if "sglang::scheduler" in " ".join(p.cmdline()):
+            p.send_signal(signal.SIGUSR2)
+            print(f"dump_stacks: SIGUSR2 to {p.pid}")
+    except psutil.Error:
+        pass
+EOF2
+}
+
 run_worker() {  # $1 temporal|spatial: a worker with the job, a 30 s replay, its stats and step records
-  local dir=$work/$1 pid rc=1 i
+  local dir=$work/$1 pid poller rc=1 i left
   rm -rf "$dir" && mkdir -p "$dir"
   free_ports
   argv_for "serve_$1"
@@ -111,12 +124,25 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, a 30 s replay, its
     kill -0 $pid 2>/dev/null || { echo "worker exited before serving (worker.log)"; return 1; }
     sleep 1
   done
+  echo "$1: serving after $(( $(date +%s) - stage_start ))s"
+  # A snapshot of the stats every 5 s: what the worker did even if the replay never ends (run 2 of 2026-11-27)
+  ( while kill -0 $pid 2>/dev/null; do
+      echo "{\"t\": $(date +%s), \"stats\": $(http_get "http://127.0.0.1:$admin_port/harvest/stats" 2>/dev/null | tr -d "\n" || echo null)}"
+      sleep 5
+    done >"$dir/stats.jsonl" ) &
+  poller=$!
+  # The replay ends 30 s before the stage's deadline, leaving time for the stacks, the stats and the drain
+  left=$(( stage_deadline - $(date +%s) - 30 ))
   argv_for "replay_$1"
-  hv "${ARGV[@]}" >"$dir/replay.log" 2>&1 && rc=0
+  timeout -k 5 $(( left > 10 ? left : 10 )) "$python" -m harvest.cli.main "${ARGV[@]}" >"$dir/replay.log" 2>&1
+  rc=$?
+  echo "$1: replay rc=$rc after $(( $(date +%s) - stage_start ))s"
+  [ $rc = 124 ] && { dump_stacks $pid; sleep 3; }
   http_get "http://127.0.0.1:$admin_port/harvest/stats" >"$dir/stats.json"
   http_get "http://127.0.0.1:$admin_port/harvest/steps" >"$dir/steps.json"
+  kill $poller 2>/dev/null
   kill -TERM $pid 2>/dev/null
-  for i in $(seq 20); do kill -0 $pid 2>/dev/null || break; sleep 1; done
+  for i in $(seq 15); do kill -0 $pid 2>/dev/null || break; sleep 1; done
   kill -KILL $pid 2>/dev/null
   return $rc
 }
@@ -230,7 +256,7 @@ fi
 
 mkdir -p "$out"
 [ -n "$caches" ] && [ -f "$caches" ] && tar xzf "$caches" -C "$HOME"
-export -f hv argv_for http_get free_ports run_worker $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
+export -f hv argv_for http_get free_ports dump_stacks run_worker $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
 started=$(date +%s)
 for entry in "${STAGES[@]}"; do
   read -r name cap desc <<<"$entry"
@@ -239,7 +265,7 @@ for entry in "${STAGES[@]}"; do
   if [ "$left" -lt 15 ]; then echo "$name skipped: ${left}s left of --budget-s" | tee -a "$out/stages.log"; continue; fi
   limit=$((cap < left ? cap : left))
   echo "== $name (<= ${limit}s): $desc" | tee -a "$out/stages.log"
-  t0=$(date +%s)
+  t0=$(date +%s); export stage_start=$t0 stage_deadline=$((t0 + limit))
   timeout -k 5 "$limit" bash -c "stage_$name" >>"$out/stages.log" 2>&1
   rc=$?
   if [ "$name" = temporal ] || [ "$name" = spatial ]; then pack_run "$name"; free_ports >>"$out/stages.log" 2>&1; fi

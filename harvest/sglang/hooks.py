@@ -24,6 +24,7 @@ sets up its CUDA and multiprocessing state.
 """
 
 import contextlib
+import faulthandler
 import functools
 import logging
 import os
@@ -60,6 +61,9 @@ def scheduler_process_target(config: ServeConfig):
 def run_scheduler_process(config: ServeConfig, server_args, port_args, gpu_id, tp_rank, *args):
     from sglang.srt.managers import scheduler
 
+    # `kill -USR2` on the sglang::scheduler process prints every thread's stack into the worker's log: where a
+    # hung decode loop or finetune unit waits, on a host without py-spy (a lent GPU).
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     runtime = HarvestRuntime(config)
     if server_args.enable_lora:
         from harvest.sglang.cpu_lora import disable_pinned_memory_without_cuda
