@@ -2,6 +2,7 @@
 
 import enum
 import ipaddress
+import os
 from dataclasses import dataclass
 
 from base.errors import HarvestError
@@ -137,24 +138,36 @@ class ServeConfig:
             raise HarvestError(f"{flag} needs --tpot-slo-ms: the decode target the co-located jobs run under")
         if self.colocation is Colocation.TEMPORAL and self.pinned_partition is not None:
             raise HarvestError(f"{flag} runs on the whole device: --pin-partition is spatial")
-        if self.colocation is Colocation.SPATIAL and self.pinned_partition is None and self.profile_path is None:
-            raise HarvestError(f"{flag} needs --pin-partition or a --profile with co-run partitions")
+        if (self.colocation is Colocation.SPATIAL and self.pinned_partition is None and self.profile_path is None
+                and not can_choose_split(self.finetune)):
+            raise HarvestError(f"{flag} needs --pin-partition or a --profile with co-run partitions (on a CPU host "
+                               "of two or more cores it chooses the split itself)")
+
+
+def can_choose_split(finetune: FinetuneConfig) -> bool:
+    """A spatial worker without a profile or a pinned partition chooses its split from what each trains live
+    (split_chooser.py): on a CPU host of two or more cores. A GPU's decode partitions replay CUDA graph sets that
+    the profile's planner picks (runtime.graph_plan), so there a profile is needed."""
+    return not finetune.device.startswith("cuda") and len(os.sched_getaffinity(0)) >= 2
 
 
 def colocation_mode(config: ServeConfig, profile) -> Colocation:
     """The worker's co-location mode, decided here only. Unless --colocation names it: spatial where
-    --pin-partition names a partition or the profile has co-run partitions (SMs of a GPU, or cores of the CPU
-    host it was measured on), else temporal; off without a finetune job."""
+    --pin-partition names a partition, the profile has co-run partitions (SMs of a GPU, or cores of the CPU
+    host it was measured on), or there is no profile on a CPU host of two or more cores (the split chosen live);
+    else temporal; off without a finetune job."""
     if config.finetune is None:
         return Colocation.OFF
     has_co_run = profile is not None and profile.latency_model.has_colo and (
         config.finetune.device.startswith("cuda") or profile.is_cpu)
-    if config.colocation is Colocation.SPATIAL and config.pinned_partition is None and not has_co_run:
+    chooses_split = profile is None and can_choose_split(config.finetune)
+    if (config.colocation is Colocation.SPATIAL and config.pinned_partition is None and not has_co_run
+            and not chooses_split):
         raise HarvestError("--colocation spatial: the --profile has no co-run partitions for this device to plan "
                            "with (measure them with `harvest profile`, or give --pin-partition)")
     if config.colocation is not None:
         return config.colocation
-    if config.pinned_partition is not None or has_co_run:
+    if config.pinned_partition is not None or has_co_run or chooses_split:
         return Colocation.SPATIAL
     return Colocation.TEMPORAL
 

@@ -30,6 +30,7 @@ from harvest.colocation.core_partitions import CorePartitions
 from harvest.colocation.green_partitions import GreenPartitions
 from harvest.colocation.kv_lender import KvLender
 from harvest.colocation.spatial_controller import SpatialController
+from harvest.colocation.split_chooser import SplitChooser
 from harvest.config import DEFAULT_GRAPH_SETS, Colocation, ServeConfig, colocation_mode
 from harvest.finetune.publishing import split_harvest_keys
 from harvest.jobs import JobSet
@@ -390,12 +391,19 @@ def _job_config(config: ServeConfig, planner, partitions, device_index: int):
 
 
 def _build_controller(config: ServeConfig, profile, planner, partitions, lender, job):
-    """Without a profile harvest starts conservatively: temporal, each step's finetune budget from its own
-    measured time, so no prediction can be wrong (stats say so). `job`: the job set."""
+    """Without a profile nothing is predicted: temporal, each step's finetune budget the target minus its own
+    measured time, or (spatial on a CPU host) the split each phase runs chosen by what each split trained live
+    (SplitChooser). `job`: the job set."""
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
     if planner is None and partitions is None:
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
                                   "minus its measured time", lender)
+    if partitions is not None and planner is None and config.pinned_partition is None:
+        chooser = SplitChooser(partitions.pairs)
+        splits = ", ".join(f"({i}, {f})" for i, f in chooser.splits[1:])
+        return SpatialController(job, None, slo, partitions, "none (no --profile): the split chosen by what each "
+                                 f"trains live, phase by phase: the whole device and its slice, or {splits}", lender,
+                                 chooser=chooser)
     source = ("none: --pin-partition" if profile is None
               else f"profile {config.profile_path} ({profile.device_name}), online correction on")
     if partitions is not None:

@@ -125,6 +125,13 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, a 30 s replay, its
     sleep 1
   done
   echo "$1: serving after $(( $(date +%s) - stage_start ))s"
+  # The replay measures the job at work, not its engine being built (run 3 of 2026-11-27: the first 15-30 s)
+  while [ $(( stage_deadline - $(date +%s) )) -gt 75 ]; do
+    http_get "http://127.0.0.1:$admin_port/harvest/stats" 2>/dev/null | "$python" -c \
+      "import json, sys; sys.exit(json.load(sys.stdin)['finetune'].get('state') != 'running')" && break
+    sleep 1
+  done
+  echo "$1: job running after $(( $(date +%s) - stage_start ))s"
   # A snapshot of the stats every 5 s: what the worker did even if the replay never ends (run 2 of 2026-11-27)
   ( while kill -0 $pid 2>/dev/null; do
       echo "{\"t\": $(date +%s), \"stats\": $(http_get "http://127.0.0.1:$admin_port/harvest/stats" 2>/dev/null | tr -d "\n" || echo null)}"
@@ -139,7 +146,7 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, a 30 s replay, its
   echo "$1: replay rc=$rc after $(( $(date +%s) - stage_start ))s"
   [ $rc = 124 ] && { dump_stacks $pid; sleep 3; }
   http_get "http://127.0.0.1:$admin_port/harvest/stats" >"$dir/stats.json"
-  http_get "http://127.0.0.1:$admin_port/harvest/steps" >"$dir/steps.json"
+  http_get "http://127.0.0.1:$admin_port/harvest/steps?limit=10000" >"$dir/steps.json"
   kill $poller 2>/dev/null
   kill -TERM $pid 2>/dev/null
   for i in $(seq 15); do kill -0 $pid 2>/dev/null || break; sleep 1; done

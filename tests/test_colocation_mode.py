@@ -1,5 +1,7 @@
 """`--colocation`: the mode decided in one place (harvest.config.colocation_mode), bad combinations refused."""
 
+import os
+
 import pytest
 
 from base.errors import HarvestError
@@ -9,6 +11,7 @@ from predictor import Profile
 
 CO_RUN_PROFILE = "predictor/profiles/cpu-cores-smollm2-135m.json"
 TEMPORAL_PROFILE = "predictor/profiles/cpu-smollm2-135m.json"
+TWO_CORES = len(os.sched_getaffinity(0)) >= 2
 
 
 def serve_config(finetune=True, **kwargs) -> ServeConfig:
@@ -20,7 +23,8 @@ def serve_config(finetune=True, **kwargs) -> ServeConfig:
     ("kwargs", "profile_path", "mode"),
     [
         ({"finetune": False}, None, Colocation.OFF),
-        ({}, None, Colocation.TEMPORAL),
+        ({}, None, Colocation.SPATIAL if TWO_CORES else Colocation.TEMPORAL),  # the split chosen live
+        ({"colocation": Colocation.TEMPORAL}, None, Colocation.TEMPORAL),
         ({"profile_path": TEMPORAL_PROFILE}, TEMPORAL_PROFILE, Colocation.TEMPORAL),
         ({"profile_path": CO_RUN_PROFILE}, CO_RUN_PROFILE, Colocation.SPATIAL),
         ({"pinned_partition": (1, 1)}, None, Colocation.SPATIAL),
@@ -40,13 +44,26 @@ def test_the_mode_is_today_s_inference_unless_named(kwargs, profile_path, mode):
         ({"colocation": Colocation.OFF}, "--colocation off serves only"),
         ({"finetune": False, "colocation": Colocation.TEMPORAL}, "--colocation temporal needs --tpot-slo-ms"),
         ({"colocation": Colocation.TEMPORAL, "pinned_partition": (1, 1)}, "--pin-partition is spatial"),
-        ({"colocation": Colocation.SPATIAL}, "--colocation spatial needs --pin-partition or a --profile"),
     ],
 )
 def test_bad_combinations_are_one_line_errors(kwargs, fragment):
     with pytest.raises(HarvestError, match=fragment) as error:
         serve_config(**kwargs)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="a host of two cores or more chooses its split")
+def test_spatial_without_a_profile_or_a_pin_needs_a_cpu_host_that_chooses_its_split(monkeypatch):
+    assert colocation_mode(serve_config(colocation=Colocation.SPATIAL), None) is Colocation.SPATIAL
+    gpu_job = FinetuneConfig("cuda", yaml_path="job.yaml")
+    with pytest.raises(HarvestError, match="--colocation spatial needs --pin-partition or a --profile"):
+        ServeConfig(admin=AdminConfig(), finetune=gpu_job, tpot_slo_ms=40.0, colocation=Colocation.SPATIAL)
+    assert colocation_mode(ServeConfig(admin=AdminConfig(), finetune=gpu_job, tpot_slo_ms=40.0), None) \
+        is Colocation.TEMPORAL
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert colocation_mode(serve_config(), None) is Colocation.TEMPORAL
+    with pytest.raises(HarvestError, match="--colocation spatial needs"):
+        serve_config(colocation=Colocation.SPATIAL)
 
 
 def test_spatial_with_a_profile_without_co_run_partitions_is_refused():

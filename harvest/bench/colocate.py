@@ -47,7 +47,9 @@ DEMO_JOB = Path(__file__).resolve().parents[1] / "finetune" / "demo" / "demo.yam
 CORE_PROFILE = Path(__file__).resolve().parents[2] / "predictor" / "profiles" / "cpu-cores-smollm2-135m.json"
 HARVEST_MODES = {
     # co-location mode: the `harvest serve` flags that select it, from the bench's flags (a new mode is one line)
-    "temporal": lambda args: (),
+    # what harvest picks with no flag: on a CPU host of two cores or more, the split chosen live (split_chooser.py)
+    "default": lambda args: (),
+    "temporal": lambda args: ("--colocation", "temporal"),
     # with a co-run profile of this host's core partitions (--profile): the planner picks (2, 0) or (1, 1) per step
     "spatial": lambda args: ("--profile", args.profile),
     # the static split inside one process: decode on the first half of the cores, the job's partition on the rest
@@ -228,7 +230,7 @@ def _worker_config(row: str, job: dict, model_path: str, run_dir: Path,
 def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, args: argparse.Namespace) -> dict:
     from harvest.replay.live_replay import LiveReplay
 
-    trainer, base_weights, co_run = None, {}, None
+    trainer, base_weights, co_run, splits = None, {}, None, None
     try:
         if row.startswith("two-process"):
             trainer_cpus = cpu_halves()[1] if row == "two-process-pinned" else None
@@ -255,6 +257,9 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
             colocation = stats.get("colocation") or {}
             # Where the job held a finetune partition: its tokens over the time it held it (the partition's rate).
             co_run = {partition: entry.get("tokens_per_s") for partition, entry in (colocation.get("co_run") or {}).items()}
+            # Where the worker chose its split live: the phases each split ran (the worker's whole life).
+            chooser = colocation.get("chooser")
+            splits = None if chooser is None else {name: e["phases"] for name, e in chooser["splits"].items()}
             before, after = (results["policies"]["live"]["finetune"][k] or {} for k in ("before", "after"))
             finetune_tokens = after["tokens"] - before["tokens"] if "tokens" in after else None
             counted_by = "harvest job stats: tokens (non-padding)" if finetune_tokens is not None else None
@@ -279,6 +284,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
         "finetune_counted_by": counted_by,
         "base_weights": base_weights.get("mode"),  # the job's (shared or copy); None without one
         "co_run_tokens_per_s": co_run,
+        "phases_per_split": splits,
         "replay_s": replay_s,
         "notes": results["notes"],
         "log_dir": str(run_dir),

@@ -46,12 +46,14 @@ class SpatialController(Controller):
     mode = "spatial"
 
     def __init__(self, job, planner, slo, partitions, planner_source: str, lender=None,
-                 pinned: tuple[int, int] | None = None):
+                 pinned: tuple[int, int] | None = None, chooser=None):
         """`partitions`: GreenPartitions or CorePartitions. `pinned`: run every step on this (infer, ft)
-        partition instead of the planner's choice (profiling and benchmarks; `harvest serve --pin-partition`)."""
+        partition instead of the planner's choice (profiling and benchmarks; `harvest serve --pin-partition`).
+        `chooser`: a SplitChooser, which picks the split phase by phase where there is no planner."""
         super().__init__(job, planner, slo, planner_source, lender)
         self.partitions = partitions
         self.pinned = pinned
+        self.chooser = chooser
         self._partition: tuple[int, int] | None = None
         """The step's partition (decode's side is what decode_stream_context follows)."""
         self._granted: tuple[int, int] | None = None
@@ -92,6 +94,8 @@ class SpatialController(Controller):
             partition = self.pinned
         elif decision is not None:
             partition = (decision.infer_sms, decision.ft_sms)
+        elif self.chooser is not None:
+            partition = self.chooser.split_for_step()
         else:
             partition = None
         grant = partition if partition is not None and partition[1] > 0 and self.job.has_ready_work() else None
@@ -100,8 +104,12 @@ class SpatialController(Controller):
             if grant is not None:
                 self._grant(grant)
         self._partition = partition
-        if partition is not None:
-            step.infer_sms = partition[0]
+        step.infer_sms = self.partitions.num_sms if partition is None else partition[0]
+
+    def after_step(self, step, kv_demand_slots: int = 0) -> None:
+        super().after_step(step, kv_demand_slots)
+        if self.chooser is not None and self.pinned is None:
+            self.chooser.record_step(step.finetune_tokens, step.is_slo_met)
 
     def _end_co_run(self, step) -> int:
         with self._tokens_lock:
@@ -184,6 +192,8 @@ class SpatialController(Controller):
         waited_ms = self._revoke()
         self._partition = None
         tokens = super().on_idle(kv_demand_slots)
+        if self.chooser is not None:
+            self.chooser.record_idle()
         if tokens or waited_ms:
             self._idle_unit_ms = (self.clock() - started) * 1e3
         return tokens
@@ -243,5 +253,6 @@ class SpatialController(Controller):
                                "granularity": self.partitions.granularity},
                 "pinned": None if self.pinned is None else list(self.pinned),
                 "granted": None if granted is None else list(granted),
-                "co_run": co_run, "preemptions": self.num_preemptions,
+                "co_run": co_run, "chooser": None if self.chooser is None else self.chooser.stats(),
+                "preemptions": self.num_preemptions,
                 "preempt_ms_max": round(self.max_preempt_ms, 3), "grow_requests": self.num_grow_requests}

@@ -1,0 +1,141 @@
+"""Which split a spatial worker without a profile runs, chosen by what each split trains live at the load of
+the moment: the whole device to decode with the temporal slice after each step, or a finetune partition
+beside decode (held across steps, spatial_controller.py). No profile: a profile's rates go stale as the host
+and the load change (eval/results/cpu-2026-11-26/spatial-continuous.md), while the worker measures both here.
+
+Time is cut into phases of PHASE_S of decode's busy time; a phase runs one split, and its rate is the job's
+tokens over that time. Idle turns count in neither: they run units on the whole device under either split, so
+they tell the splits nothing, and a long idle stretch would credit whichever split it fell in. The split with the best
+recent rate runs next; another one gets a phase now and then to keep its rate current, less often the further
+behind it was (EXPLORE_EVERY doubles up to its cap, and drops back when it comes close). A finetune partition
+whose phase had a step over the target ends its phase at once and is set aside for SET_ASIDE_PHASES (doubling
+each time it misses again): decode on fewer cores or SMs may not keep the target at this load, while the
+whole device keeps it by the slice's own back-off."""
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+PHASE_S = 2.0
+MIN_PHASE_STEPS = 8
+"""A phase ends once decode was busy PHASE_S in it and it saw this many steps."""
+RATE_WEIGHT = 0.5
+"""Weight of a phase's rate in its split's running rate (the last two or three phases count)."""
+EXPLORE_EVERY = (4, 32)
+"""Phases between two runs of a split that is not the best: from the first number, doubled up to the second
+while it stays far behind."""
+CLOSE = 0.8
+"""A split within this share of the best one's rate is close: it is tried again soon."""
+SET_ASIDE_PHASES = (4, 64)
+RECENT_PHASES = 32
+
+WHOLE = None
+"""The whole device to decode, finetune in the slice after each step."""
+UNMEASURED = object()
+
+
+@dataclass(slots=True)
+class SplitRecord:
+    tokens_per_s: float | None = None
+    num_phases: int = 0
+    last_phase: int = -1
+    explore_every: int = EXPLORE_EVERY[0]
+    set_aside_until: int = 0
+    set_aside_for: int = 0
+    num_misses: int = 0
+
+
+class SplitChooser:
+    def __init__(self, pairs: list[tuple[int, int]], clock=time.perf_counter, phase_s: float = PHASE_S):
+        """`pairs`: the (infer, ft) finetune partitions to choose among besides the whole device."""
+        self.splits = [WHOLE, *(p for p in pairs if p[1] > 0)]
+        self.clock = clock
+        self.phase_s = phase_s
+        self.records = {split: SplitRecord() for split in self.splits}
+        self.current = WHOLE
+        self.phase = 0
+        self._busy_s = 0.0
+        self._tokens = 0.0
+        self._steps = 0
+        self._missed = False
+        self._step_start: float | None = None
+        self._last_end: float | None = None
+        """When the last step's work ended; None after an idle turn (the time since was not decode's)."""
+        self.recent: deque[dict] = deque(maxlen=RECENT_PHASES)
+
+    def split_for_step(self) -> tuple[int, int] | None:
+        """The split the next decode step runs on (None: the whole device); a phase that is over ends here."""
+        now = self.clock()
+        if self._last_end is not None:
+            self._busy_s += now - self._last_end  # the scheduler's own time between two busy steps
+        if self._missed or (self._busy_s >= self.phase_s and self._steps >= MIN_PHASE_STEPS):
+            self._end_phase()
+        self._step_start = now
+        return self.current
+
+    def record_step(self, finetune_tokens: float, is_slo_met: bool) -> None:
+        """A step of the current phase is done, its slice too: what the job trained with it (beside it or
+        after it), and whether it kept the target."""
+        now = self.clock()
+        self._busy_s += now - self._step_start
+        self._last_end = now
+        self._tokens += finetune_tokens
+        self._steps += 1
+        if not is_slo_met and self.current is not WHOLE:
+            self._missed = True
+
+    def record_idle(self) -> None:
+        """An idle turn ran: the time until the next step is not decode's."""
+        self._last_end = None
+
+    def _end_phase(self) -> None:
+        split, record = self.current, self.records[self.current]
+        rate = self._tokens / max(self._busy_s, 1e-9)
+        best_before = self._best()
+        record.tokens_per_s = rate if record.tokens_per_s is None else (
+            RATE_WEIGHT * rate + (1 - RATE_WEIGHT) * record.tokens_per_s)
+        record.num_phases += 1
+        record.last_phase = self.phase
+        if self._missed:
+            record.num_misses += 1
+            record.set_aside_for = min(max(SET_ASIDE_PHASES[0], 2 * record.set_aside_for), SET_ASIDE_PHASES[1])
+            record.set_aside_until = self.phase + record.set_aside_for
+        elif split is not WHOLE:
+            record.set_aside_for //= 2  # kept the target: the next miss is set aside for less
+        if best_before is not UNMEASURED and split != best_before:  # an exploration: how far behind was it?
+            behind = record.tokens_per_s < CLOSE * self.records[best_before].tokens_per_s
+            record.explore_every = min(2 * record.explore_every, EXPLORE_EVERY[1]) if behind else EXPLORE_EVERY[0]
+        self.recent.append({"phase": self.phase, "split": _name(split), "tokens_per_s": round(rate, 3),
+                            "steps": self._steps, "missed": self._missed})
+        self.phase += 1
+        self.current = self._next()
+        self._busy_s, self._tokens, self._steps, self._missed = 0.0, 0.0, 0, False
+
+    def _eligible(self) -> list:
+        return [s for s in self.splits if s is WHOLE or self.records[s].set_aside_until <= self.phase]
+
+    def _best(self):
+        measured = [s for s in self._eligible() if self.records[s].tokens_per_s is not None]
+        return max(measured, key=lambda s: self.records[s].tokens_per_s, default=UNMEASURED)
+
+    def _next(self):
+        eligible = self._eligible()
+        unmeasured = [s for s in eligible if self.records[s].tokens_per_s is None]
+        if unmeasured:
+            return unmeasured[0]
+        best = self._best()
+        due = [s for s in eligible if s != best
+               and self.phase - self.records[s].last_phase > self.records[s].explore_every]
+        return min(due, key=lambda s: self.records[s].last_phase) if due else best
+
+    def stats(self) -> dict:
+        return {"phase_s": self.phase_s, "phase": self.phase, "current": _name(self.current),
+                "splits": {_name(s): {"tokens_per_s": None if r.tokens_per_s is None else round(r.tokens_per_s, 3),
+                                      "phases": r.num_phases, "misses": r.num_misses,
+                                      "set_aside_until": r.set_aside_until, "explore_every": r.explore_every}
+                           for s, r in self.records.items()},
+                "recent_phases": list(self.recent)}
+
+
+def _name(split) -> str:
+    return "whole" if split is WHOLE else f"{split[0]},{split[1]}"

@@ -1,0 +1,144 @@
+"""The split a spatial worker without a profile runs (harvest.colocation.split_chooser): chosen by what each
+split trained in its phases, with a clock the test moves and the rates of recorded phases plus noise."""
+
+import os
+import random
+import time
+
+import pytest
+from conftest import AlwaysReadyJob
+
+from harvest.colocation.core_partitions import CorePartitions
+from harvest.colocation.spatial_controller import SpatialController
+from harvest.colocation.split_chooser import EXPLORE_EVERY, MIN_PHASE_STEPS, PHASE_S, SET_ASIDE_PHASES, SplitChooser
+from harvest.replay.simulated_job import SimulatedUnit
+from harvest.step_stats import DecodeStep, SloTracker
+
+PAIR = (1, 1)
+STEPS_PER_PHASE = 20
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def run_phases(chooser, clock, rates, num_phases, misses=lambda split, phase: False, noise=0.0, seed=0):
+    """Drive decode steps until `num_phases` phases have run; `rates(split, phase)`: tokens/s the split trains
+    then; `misses(split, phase)`: its fourth step misses the target. Returns the split of every phase."""
+    rng = random.Random(seed)
+    chosen, step_in_phase = [], 0
+    dt = PHASE_S / STEPS_PER_PHASE
+    while chooser.phase < num_phases:
+        split = chooser.split_for_step()
+        phase = chooser.phase
+        if len(chosen) == phase:
+            chosen.append(split)
+            step_in_phase = 0
+        assert chosen[phase] == split, "the split changed inside a phase"
+        clock.now += dt
+        tokens = rates(split, phase) * dt * max(0.0, 1 + rng.gauss(0, noise))
+        chooser.record_step(tokens, not (misses(split, phase) and step_in_phase == 3))
+        step_in_phase += 1
+    return chosen
+
+
+def test_each_split_is_measured_then_the_faster_one_runs_and_the_slower_is_tried_less_and_less():
+    clock = Clock()
+    chooser = SplitChooser([(2, 0), PAIR], clock)
+    assert chooser.splits == [None, PAIR], "a pair without finetune units is the whole device's, not a split"
+    chosen = run_phases(chooser, clock, lambda split, phase: 60.0 if split == PAIR else 30.0, 200, noise=0.2)
+    assert chosen[:2] == [None, PAIR]
+    tries = [n for n, split in enumerate(chosen) if split is None][1:]
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert gaps and gaps[0] >= EXPLORE_EVERY[0] and gaps[-1] > gaps[0] and max(gaps) <= EXPLORE_EVERY[1] + 1
+    assert chosen.count(PAIR) / len(chosen) > 0.9
+    stats = chooser.stats()
+    assert stats["splits"]["1,1"]["tokens_per_s"] > stats["splits"]["whole"]["tokens_per_s"]
+
+
+def test_the_choice_follows_the_load_when_the_faster_split_changes():
+    clock = Clock()
+    chooser = SplitChooser([PAIR], clock)
+
+    def rates(split, phase):  # light load: the partition wins; from phase 100 on, heavy: the whole device
+        return (70.0 if split == PAIR else 40.0) if phase < 100 else (20.0 if split == PAIR else 50.0)
+
+    chosen = run_phases(chooser, clock, rates, 200, noise=0.1)
+    assert chosen[60:100].count(PAIR) >= 30
+    assert chosen[100:104].count(None) >= 2, "the whole device took over within a few phases"
+    assert chosen[-40:].count(None) >= 36
+
+
+def test_a_miss_on_a_partition_ends_its_phase_at_once_and_sets_it_aside_for_longer_each_time():
+    clock = Clock()
+    chooser = SplitChooser([PAIR], clock)
+    chosen = run_phases(chooser, clock, lambda split, phase: 60.0 if split == PAIR else 30.0, 120,
+                        misses=lambda split, phase: split == PAIR)
+    pair_phases = [n for n, split in enumerate(chosen) if split == PAIR]
+    gaps = [b - a for a, b in zip(pair_phases, pair_phases[1:])]
+    assert gaps[:4] == [SET_ASIDE_PHASES[0] * 2 ** n for n in range(4)], gaps
+    assert chooser.records[PAIR].num_misses == len(pair_phases)
+    assert chosen.count(None) / len(chosen) > 0.9
+    # The whole device is never set aside: a miss there is the slice's back-off's to handle.
+    chooser = SplitChooser([PAIR], clock)
+    run_phases(chooser, clock, lambda split, phase: 30.0 if split == PAIR else 60.0, 20, misses=lambda s, p: True)
+    assert chooser.records[None].set_aside_until == 0 and chooser.records[None].num_misses == 0
+
+
+def test_idle_turns_count_for_no_split():
+    clock = Clock()
+    chooser = SplitChooser([PAIR], clock)
+    for _ in range(MIN_PHASE_STEPS):
+        chooser.split_for_step()
+        clock.now += 0.01
+        chooser.record_step(1.0, True)
+    chooser.record_idle()
+    clock.now += 10 * PHASE_S  # idle: units on the whole device, whichever split is current
+    assert chooser.split_for_step() is None and chooser.phase == 0, "an idle stretch ended the phase"
+    clock.now += PHASE_S
+    chooser.record_step(1.0, True)
+    assert chooser.split_for_step() == PAIR
+    whole = chooser.recent[-1]
+    assert whole["split"] == "whole" and whole["tokens_per_s"] == pytest.approx((MIN_PHASE_STEPS + 1) / 2.08, abs=1e-3)
+
+
+class Job(AlwaysReadyJob):
+    engine = None
+    max_unit_ms = 2.0
+
+    def poll(self):
+        pass
+
+    def run_unit(self):
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+        return SimulatedUnit("unit", 2.0, 10)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
+def test_a_spatial_controller_without_planner_or_pin_runs_the_chosen_split_and_records_it_per_step():
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    chooser = SplitChooser([PAIR], phase_s=0.05)
+    controller = SpatialController(Job(), None, SloTracker(30.0, 100), CorePartitions([PAIR], cores), "test",
+                                   chooser=chooser)
+    records = []
+    try:
+        for n in range(120):
+            step = DecodeStep(n, 1, 10, time.perf_counter())
+            controller.before_step(step)
+            with controller.decode_stream_context():
+                time.sleep(0.003)
+            step.latency_ms = (time.perf_counter() - step.start_s) * 1e3
+            controller.after_step(step)
+            records.append((step.infer_sms, step.ft_sms, chooser.current))
+    finally:
+        controller.close()
+    assert {(i, f) for i, f, _ in records} == {(2, 0), (1, 1)}, "both splits ran and the records say which"
+    stats = controller.stats()["chooser"]
+    assert stats["phase"] >= 2 and all(s["phases"] for s in stats["splits"].values())
+    assert controller.stats()["co_run"]["1,1"]["tokens"] > 0
