@@ -3,10 +3,11 @@
 # included, carried in one device call (the checkout and the bundle's parts <= 60 MiB).
 #
 #   scripts/gpu_first_light.sh [--dry-run] [--bundle DIR] [--caches FILE] [--budget-s N] [--only NAME,...]
+#                              [--window 30s]
 #
 # Stages, in the order that leaves results when the run is cut off: facts -> install -> native build (after
 # the install: the driver stub's symbols come from sgl_kernel) -> model make (Llama-3.2-1B shape, random
-# weights) -> temporal worker with the job + a 30 s replay -> spatial worker on a pinned partition + a 30 s
+# weights) -> temporal worker with the job + a --window replay -> spatial worker on a pinned partition + a
 # replay -> doctor -> interference check -> JIT and Triton caches.
 # Each stage runs under `timeout` (its cap, or what is left of --budget-s) and writes into $OUT as it
 # finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, doctor.jsonl,
@@ -19,7 +20,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-dry_run=0; bundle=bundle; caches=""; budget_s=560; only=""
+dry_run=0; bundle=bundle; caches=""; budget_s=560; only=""; window=30s
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
     --caches) caches=$2; shift ;;
     --budget-s) budget_s=$2; shift ;;
     --only) only=",$2,"; shift ;;
+    --window) window=$2; shift ;;
     *) echo "gpu_first_light.sh: error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
   shift
@@ -37,7 +39,7 @@ export work=$repo/.first-light
 export out=${OUT:-$work/out}
 export site=$work/site model=$work/llama3.2-1b job=$work/job.yaml bundle
 export python=${PYTHON:-python3}
-export tpot_ms=40 port=30000 admin_port=30100
+export tpot_ms=40 port=30000 admin_port=30100 window
 export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1 \
        HF_HUB_OFFLINE=1 PIP_NO_CACHE_DIR=1
 CARRY_LIMIT_BYTES=$((60 * 1024 * 1024))
@@ -50,8 +52,8 @@ STAGES=(
   "install 120 the bundle installed offline into .first-light/site"
   "native 90 csrc/ built here (the CUDA VMM backend with nvcc; the stub's symbols come from the installed sgl_kernel)"
   "model 60 random Llama-3.2-1B (bf16, drawn on the GPU) with a small tokenizer, and the LoRA job"
-  "temporal 260 temporal worker with the job, 30 s conv replay -> temporal.tgz"
-  "spatial 220 spatial worker pinned to 64,56 SMs with the job, 30 s conv replay -> spatial.tgz"
+  "temporal 260 temporal worker with the job, once it runs a --window conv replay -> temporal.tgz"
+  "spatial 220 spatial worker pinned to 64,56 SMs with the job, once it runs a --window conv replay -> spatial.tgz"
   "doctor 100 harvest doctor, every check but the interference one -> doctor.jsonl"
   "interference 40 decode beside a saturating finetune partition, %smid confinement -> interference.jsonl"
   "caches 30 the JIT and Triton caches -> caches.tgz"
@@ -71,7 +73,7 @@ print(','.join(c.name for c in CHECKS if c.name != 'gpu_interference'))")") ;;
             --admin-port "$admin_port" --mem-fraction-static 0.6 --cuda-graph-max-bs 16 --grammar-backend none)
       [ "$1" = serve_spatial ] && ARGV+=(--pin-partition 64,56) ;;
     replay_temporal|replay_spatial)
-      ARGV=(replay --trace conv --window 30s --target "http://127.0.0.1:$port" --admin "http://127.0.0.1:$admin_port"
+      ARGV=(replay --trace conv --window "$window" --target "http://127.0.0.1:$port" --admin "http://127.0.0.1:$admin_port"
             --tpot-ms "$tpot_ms" --out "$work/${1#replay_}" --no-plots) ;;
     interference) ARGV=(doctor --json --only gpu_interference,gpu_confine) ;;
   esac

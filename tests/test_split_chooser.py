@@ -30,18 +30,18 @@ def run_phases(chooser, clock, rates, num_phases, misses=lambda split, phase: Fa
     """Drive decode steps until `num_phases` phases have run; `rates(split, phase)`: tokens/s the split trains
     then; `misses(split, phase)`: its fourth step misses the target. Returns the split of every phase."""
     rng = random.Random(seed)
-    chosen, step_in_phase = [], 0
+    chosen, step_in_phase, work = [], 0, 0.0
     dt = PHASE_S / STEPS_PER_PHASE
     while chooser.phase < num_phases:
-        split = chooser.split_for_step()
+        split = chooser.split_for_step(work)
         phase = chooser.phase
         if len(chosen) == phase:
             chosen.append(split)
             step_in_phase = 0
         assert chosen[phase] == split, "the split changed inside a phase"
         clock.now += dt
-        tokens = rates(split, phase) * dt * max(0.0, 1 + rng.gauss(0, noise))
-        chooser.record_step(tokens, not (misses(split, phase) and step_in_phase == 3))
+        work += rates(split, phase) * dt * max(0.0, 1 + rng.gauss(0, noise))
+        chooser.record_step(work, not (misses(split, phase) and step_in_phase == 3))
         step_in_phase += 1
     return chosen
 
@@ -57,7 +57,7 @@ def test_each_split_is_measured_then_the_faster_one_runs_and_the_slower_is_tried
     assert gaps and gaps[0] >= EXPLORE_EVERY[0] and gaps[-1] > gaps[0] and max(gaps) <= EXPLORE_EVERY[1] + 1
     assert chosen.count(PAIR) / len(chosen) > 0.9
     stats = chooser.stats()
-    assert stats["splits"]["1,1"]["tokens_per_s"] > stats["splits"]["whole"]["tokens_per_s"]
+    assert stats["splits"]["1,1"]["unit_tokens_per_s"] > stats["splits"]["whole"]["unit_tokens_per_s"]
 
 
 def test_the_choice_follows_the_load_when_the_faster_split_changes():
@@ -89,26 +89,35 @@ def test_a_miss_on_a_partition_ends_its_phase_at_once_and_sets_it_aside_for_long
     assert chooser.records[None].set_aside_until == 0 and chooser.records[None].num_misses == 0
 
 
-def test_idle_turns_count_for_no_split():
+def test_idle_turns_and_steps_without_ready_work_count_for_no_split():
     clock = Clock()
     chooser = SplitChooser([PAIR], clock)
+    work = 0.0
     for _ in range(MIN_PHASE_STEPS):
-        chooser.split_for_step()
+        chooser.split_for_step(work)
         clock.now += 0.01
-        chooser.record_step(1.0, True)
-    chooser.record_idle()
-    clock.now += 10 * PHASE_S  # idle: units on the whole device, whichever split is current
-    assert chooser.split_for_step() is None and chooser.phase == 0, "an idle stretch ended the phase"
+        work += 1.0
+        chooser.record_step(work, True)
+    chooser.skip()  # an idle turn: units on the whole device, whichever split is current
+    clock.now += 10 * PHASE_S
+    work += 500.0
+    assert chooser.split_for_step(work) is None and chooser.phase == 0, "an idle stretch ended the phase"
     clock.now += PHASE_S
-    chooser.record_step(1.0, True)
-    assert chooser.split_for_step() == PAIR
+    work += 1.0
+    chooser.record_step(work, True)
+    assert chooser.split_for_step(work) == PAIR
     whole = chooser.recent[-1]
-    assert whole["split"] == "whole" and whole["tokens_per_s"] == pytest.approx((MIN_PHASE_STEPS + 1) / 2.08, abs=1e-3)
+    assert whole["split"] == "whole" and whole["unit_tokens_per_s"] == pytest.approx(
+        (MIN_PHASE_STEPS + 1) / 2.08, abs=1e-3)
 
 
 class Job(AlwaysReadyJob):
     engine = None
     max_unit_ms = 2.0
+    is_ready = True
+
+    def has_ready_work(self):
+        return self.is_ready
 
     def poll(self):
         pass
@@ -124,21 +133,26 @@ class Job(AlwaysReadyJob):
 def test_a_spatial_controller_without_planner_or_pin_runs_the_chosen_split_and_records_it_per_step():
     cores = sorted(os.sched_getaffinity(0))[:2]
     chooser = SplitChooser([PAIR], phase_s=0.05)
-    controller = SpatialController(Job(), None, SloTracker(30.0, 100), CorePartitions([PAIR], cores), "test",
+    job = Job()
+    controller = SpatialController(job, None, SloTracker(30.0, 100), CorePartitions([PAIR], cores), "test",
                                    chooser=chooser)
     records = []
     try:
-        for n in range(120):
+        for n in range(140):
+            job.is_ready = n >= 20  # the first steps: the job's engine is still being built
             step = DecodeStep(n, 1, 10, time.perf_counter())
             controller.before_step(step)
             with controller.decode_stream_context():
                 time.sleep(0.003)
             step.latency_ms = (time.perf_counter() - step.start_s) * 1e3
             controller.after_step(step)
-            records.append((step.infer_sms, step.ft_sms, chooser.current))
+            records.append((step.infer_sms, step.ft_sms))
+            if n == 19:
+                assert chooser.phase == 0, "steps without ready work measured a split"
     finally:
         controller.close()
-    assert {(i, f) for i, f, _ in records} == {(2, 0), (1, 1)}, "both splits ran and the records say which"
+    assert set(records) == {(2, 0), (1, 1)}, "both splits ran and the records say which"
     stats = controller.stats()["chooser"]
     assert stats["phase"] >= 2 and all(s["phases"] for s in stats["splits"].values())
+    assert all(p["unit_tokens_per_s"] > 0 for p in stats["recent_phases"] if p["split"] == "1,1"), stats
     assert controller.stats()["co_run"]["1,1"]["tokens"] > 0

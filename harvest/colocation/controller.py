@@ -156,6 +156,8 @@ class Controller:
         self.max_idle_wait_ms = 0.0
         self._slice_excess_ms: deque[float] = deque(maxlen=RECENT_SLICES)
         self.slice_reserve_ms = 0.0
+        self.unit_tokens = 0
+        """Tokens through every unit run so far (a token counts once per unit it passes): training work."""
 
     # ---- the interface the step loop uses ----
 
@@ -410,8 +412,10 @@ class Controller:
     def _run_unit(self, co_run: bool = False):
         """Run the job's next unit and keep its time (`co_run`: beside decode, on the finetune partition)."""
         result = self.job.run_unit()
-        if result is not None and result.duration_ms > 0:
-            self.unit_times.record(result.kind, result.duration_ms, co_run)
+        if result is not None:
+            self.unit_tokens += result.num_tokens
+            if result.duration_ms > 0:
+                self.unit_times.record(result.kind, result.duration_ms, co_run)
         return result
 
 

@@ -54,6 +54,7 @@ class SpatialController(Controller):
         self.partitions = partitions
         self.pinned = pinned
         self.chooser = chooser
+        self._job_was_ready = False
         self._partition: tuple[int, int] | None = None
         """The step's partition (decode's side is what decode_stream_context follows)."""
         self._granted: tuple[int, int] | None = None
@@ -95,10 +96,11 @@ class SpatialController(Controller):
         elif decision is not None:
             partition = (decision.infer_sms, decision.ft_sms)
         elif self.chooser is not None:
-            partition = self.chooser.split_for_step()
+            partition = self.chooser.split_for_step(self.unit_tokens)
         else:
             partition = None
-        grant = partition if partition is not None and partition[1] > 0 and self.job.has_ready_work() else None
+        self._job_was_ready = self.job.has_ready_work()
+        grant = partition if partition is not None and partition[1] > 0 and self._job_was_ready else None
         if grant != self._granted:
             step.preempt_ms = self._revoke()
             if grant is not None:
@@ -109,7 +111,10 @@ class SpatialController(Controller):
     def after_step(self, step, kv_demand_slots: int = 0) -> None:
         super().after_step(step, kv_demand_slots)
         if self.chooser is not None and self.pinned is None:
-            self.chooser.record_step(step.finetune_tokens, step.is_slo_met)
+            if self._job_was_ready:
+                self.chooser.record_step(self.unit_tokens, step.is_slo_met)
+            else:
+                self.chooser.skip()
 
     def _end_co_run(self, step) -> int:
         with self._tokens_lock:
@@ -193,7 +198,7 @@ class SpatialController(Controller):
         self._partition = None
         tokens = super().on_idle(kv_demand_slots)
         if self.chooser is not None:
-            self.chooser.record_idle()
+            self.chooser.skip()
         if tokens or waited_ms:
             self._idle_unit_ms = (self.clock() - started) * 1e3
         return tokens

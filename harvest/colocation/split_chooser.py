@@ -3,9 +3,12 @@ the moment: the whole device to decode with the temporal slice after each step, 
 beside decode (held across steps, spatial_controller.py). No profile: a profile's rates go stale as the host
 and the load change (eval/results/cpu-2026-11-26/spatial-continuous.md), while the worker measures both here.
 
-Time is cut into phases of PHASE_S of decode's busy time; a phase runs one split, and its rate is the job's
-tokens over that time. Idle turns count in neither: they run units on the whole device under either split, so
-they tell the splits nothing, and a long idle stretch would credit whichever split it fell in. The split with the best
+Time is cut into phases of PHASE_S of decode's busy time; a phase runs one split, and its rate is the training
+work done over that time: the tokens through the job's units (a token passes every unit of its optimizer step,
+so this rate does not come in lumps as trained tokens do, counted once per micro-batch at its embedding).
+Idle turns count in neither, nor do steps while the job has no ready work (its engine being built): under
+either split idle turns run units on the whole device, so they tell the splits nothing, and a long idle
+stretch would credit whichever split it fell in. The split with the best
 recent rate runs next; another one gets a phase now and then to keep its rate current, less often the further
 behind it was (EXPLORE_EVERY doubles up to its cap, and drops back when it comes close). A finetune partition
 whose phase had a step over the target ends its phase at once and is set aside for SET_ASIDE_PHASES (doubling
@@ -36,7 +39,7 @@ UNMEASURED = object()
 
 @dataclass(slots=True)
 class SplitRecord:
-    tokens_per_s: float | None = None
+    unit_tokens_per_s: float | None = None
     num_phases: int = 0
     last_phase: int = -1
     explore_every: int = EXPLORE_EVERY[0]
@@ -47,7 +50,8 @@ class SplitRecord:
 
 class SplitChooser:
     def __init__(self, pairs: list[tuple[int, int]], clock=time.perf_counter, phase_s: float = PHASE_S):
-        """`pairs`: the (infer, ft) finetune partitions to choose among besides the whole device."""
+        """`pairs`: the (infer, ft) finetune partitions to choose among besides the whole device. Every call
+        below takes `work`: the tokens through the job's units so far (Controller.unit_tokens)."""
         self.splits = [WHOLE, *(p for p in pairs if p[1] > 0)]
         self.clock = clock
         self.phase_s = phase_s
@@ -55,45 +59,50 @@ class SplitChooser:
         self.current = WHOLE
         self.phase = 0
         self._busy_s = 0.0
-        self._tokens = 0.0
+        self._work = 0.0
         self._steps = 0
         self._missed = False
-        self._step_start: float | None = None
-        self._last_end: float | None = None
+        self._step_start: tuple[float, float] | None = None
+        """(clock, work) when the step in flight started."""
+        self._last_end: tuple[float, float] | None = None
         """When the last step's work ended; None after an idle turn (the time since was not decode's)."""
         self.recent: deque[dict] = deque(maxlen=RECENT_PHASES)
 
-    def split_for_step(self) -> tuple[int, int] | None:
+    def split_for_step(self, work: float) -> tuple[int, int] | None:
         """The split the next decode step runs on (None: the whole device); a phase that is over ends here."""
-        now = self.clock()
-        if self._last_end is not None:
-            self._busy_s += now - self._last_end  # the scheduler's own time between two busy steps
+        now = (self.clock(), work)
+        if self._last_end is not None:  # the scheduler's own time between two busy steps, and what ran in it
+            self._add(self._last_end, now)
         if self._missed or (self._busy_s >= self.phase_s and self._steps >= MIN_PHASE_STEPS):
             self._end_phase()
         self._step_start = now
         return self.current
 
-    def record_step(self, finetune_tokens: float, is_slo_met: bool) -> None:
-        """A step of the current phase is done, its slice too: what the job trained with it (beside it or
-        after it), and whether it kept the target."""
-        now = self.clock()
-        self._busy_s += now - self._step_start
+    def record_step(self, work: float, is_slo_met: bool) -> None:
+        """A step of the current phase is done, its slice too (the job had ready work): whether it kept the
+        target."""
+        now = (self.clock(), work)
+        self._add(self._step_start, now)
         self._last_end = now
-        self._tokens += finetune_tokens
         self._steps += 1
         if not is_slo_met and self.current is not WHOLE:
             self._missed = True
 
-    def record_idle(self) -> None:
-        """An idle turn ran: the time until the next step is not decode's."""
+    def skip(self) -> None:
+        """An idle turn ran, or a step while the job had no ready work: the time until the next step measures
+        no split."""
         self._last_end = None
+
+    def _add(self, start: tuple[float, float], end: tuple[float, float]) -> None:
+        self._busy_s += end[0] - start[0]
+        self._work += end[1] - start[1]
 
     def _end_phase(self) -> None:
         split, record = self.current, self.records[self.current]
-        rate = self._tokens / max(self._busy_s, 1e-9)
+        rate = self._work / max(self._busy_s, 1e-9)
         best_before = self._best()
-        record.tokens_per_s = rate if record.tokens_per_s is None else (
-            RATE_WEIGHT * rate + (1 - RATE_WEIGHT) * record.tokens_per_s)
+        record.unit_tokens_per_s = rate if record.unit_tokens_per_s is None else (
+            RATE_WEIGHT * rate + (1 - RATE_WEIGHT) * record.unit_tokens_per_s)
         record.num_phases += 1
         record.last_phase = self.phase
         if self._missed:
@@ -103,24 +112,24 @@ class SplitChooser:
         elif split is not WHOLE:
             record.set_aside_for //= 2  # kept the target: the next miss is set aside for less
         if best_before is not UNMEASURED and split != best_before:  # an exploration: how far behind was it?
-            behind = record.tokens_per_s < CLOSE * self.records[best_before].tokens_per_s
+            behind = record.unit_tokens_per_s < CLOSE * self.records[best_before].unit_tokens_per_s
             record.explore_every = min(2 * record.explore_every, EXPLORE_EVERY[1]) if behind else EXPLORE_EVERY[0]
-        self.recent.append({"phase": self.phase, "split": _name(split), "tokens_per_s": round(rate, 3),
+        self.recent.append({"phase": self.phase, "split": _name(split), "unit_tokens_per_s": round(rate, 3),
                             "steps": self._steps, "missed": self._missed})
         self.phase += 1
         self.current = self._next()
-        self._busy_s, self._tokens, self._steps, self._missed = 0.0, 0.0, 0, False
+        self._busy_s, self._work, self._steps, self._missed = 0.0, 0.0, 0, False
 
     def _eligible(self) -> list:
         return [s for s in self.splits if s is WHOLE or self.records[s].set_aside_until <= self.phase]
 
     def _best(self):
-        measured = [s for s in self._eligible() if self.records[s].tokens_per_s is not None]
-        return max(measured, key=lambda s: self.records[s].tokens_per_s, default=UNMEASURED)
+        measured = [s for s in self._eligible() if self.records[s].unit_tokens_per_s is not None]
+        return max(measured, key=lambda s: self.records[s].unit_tokens_per_s, default=UNMEASURED)
 
     def _next(self):
         eligible = self._eligible()
-        unmeasured = [s for s in eligible if self.records[s].tokens_per_s is None]
+        unmeasured = [s for s in eligible if self.records[s].unit_tokens_per_s is None]
         if unmeasured:
             return unmeasured[0]
         best = self._best()
@@ -130,7 +139,8 @@ class SplitChooser:
 
     def stats(self) -> dict:
         return {"phase_s": self.phase_s, "phase": self.phase, "current": _name(self.current),
-                "splits": {_name(s): {"tokens_per_s": None if r.tokens_per_s is None else round(r.tokens_per_s, 3),
+                "splits": {_name(s): {"unit_tokens_per_s": None if r.unit_tokens_per_s is None
+                                      else round(r.unit_tokens_per_s, 3),
                                       "phases": r.num_phases, "misses": r.num_misses,
                                       "set_aside_until": r.set_aside_until, "explore_every": r.explore_every}
                            for s, r in self.records.items()},

@@ -37,6 +37,11 @@ class SimulatedUnit:
     duration_ms: float
     num_trained_tokens: float
 
+    @property
+    def num_tokens(self) -> float:
+        """Tokens through the unit (UnitResult's): a simulated unit trains its share of tokens as it runs."""
+        return self.num_trained_tokens
+
 
 class SimulatedJob:
     """FinetuneJob's scheduler-thread interface; ready while the lent KV memory holds a window."""
