@@ -156,3 +156,22 @@ def test_a_spatial_controller_without_planner_or_pin_runs_the_chosen_split_and_r
     assert stats["phase"] >= 2 and all(s["phases"] for s in stats["splits"].values())
     assert all(p["unit_tokens_per_s"] > 0 for p in stats["recent_phases"] if p["split"] == "1,1"), stats
     assert controller.stats()["co_run"]["1,1"]["tokens"] > 0
+
+
+def test_the_wait_for_a_partitions_unit_is_not_fitted_as_decode_cost():
+    """A step after a revoke waited for the unit in flight (preempt_ms): the slice's fit of decode alone must not
+    take that wait for decode's cost, or its overrun quantile cuts the slices of every whole-device step after it."""
+    from harvest.colocation.controller import TemporalController
+
+    class IdleJob(Job):
+        is_ready = False
+
+    controller = TemporalController(IdleJob(), None, SloTracker(300.0, 1000), "test")
+    for n in range(256):
+        batch = 1 + n % 4
+        step = DecodeStep(n, batch, 10, time.perf_counter())
+        step.preempt_ms = 40.0 if n % 8 == 0 else 0.0
+        step.latency_ms = 10.0 * batch + step.preempt_ms
+        controller.after_step(step)
+    assert controller.batch_cost.slope_ms == pytest.approx(10.0, abs=0.01)
+    assert controller.batch_cost.overrun_quantile == pytest.approx(1.0, abs=0.01)

@@ -222,7 +222,9 @@ class Controller:
         else:
             self.fill_fraction = min(1.0, self.fill_fraction + FILL_RECOVERY_PER_STEP)
         if not self._decision_co_ran():
-            self.batch_cost.observe(step.batch_size, step.latency_ms)
+            # Not the wait for the partition's unit in flight: a preemption is not decode's cost at this batch,
+            # and in the fit's overrun quantile it cut the slices of every step after it.
+            self.batch_cost.observe(step.batch_size, step.latency_ms - step.preempt_ms)
         elif decision is not None and decision.ft_sms > 0:
             # A co-run step, scaled to decode alone by the planner's own prediction: a worker that co-runs on
             # nearly every step would otherwise never fit the line (eval/README.md, "Simulated replay").

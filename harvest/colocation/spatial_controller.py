@@ -112,7 +112,9 @@ class SpatialController(Controller):
         super().after_step(step, kv_demand_slots)
         if self.chooser is not None and self.pinned is None:
             if self._job_was_ready:
-                self.chooser.record_step(self.unit_tokens, step.is_slo_met)
+                # A wait for an idle-time unit is the idle turn's, not the split's (it runs on the whole device).
+                kept = step.latency_ms + step.finetune_ms <= self.slo.tpot_slo_ms
+                self.chooser.record_step(self.unit_tokens, kept)
             else:
                 self.chooser.skip()
 

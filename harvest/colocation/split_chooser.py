@@ -80,7 +80,7 @@ class SplitChooser:
 
     def record_step(self, work: float, is_slo_met: bool) -> None:
         """A step of the current phase is done, its slice too (the job had ready work): whether it kept the
-        target."""
+        target on its split (a wait for an idle-time unit before it is not the split's)."""
         now = (self.clock(), work)
         self._add(self._step_start, now)
         self._last_end = now
