@@ -3,7 +3,8 @@ warm-up (FinetuneConfig.warm_up_units), side by side.
 
 A first run's one-time work is the process's, so every run is a fresh process: the engine is built, then runs
 `--steps` optimizer steps with its units cut to the bound, and each kind's first unit (the one a worker would
-run on the decode path) is set against the median of its later ones. The two settings alternate round by
+run on the decode path) is set against the median of the later steps' first units of the kind (like for like: a
+step's first embed also reads the step's batches). The two settings alternate round by
 round; two rounds give each setting twice, the A/A control of how far a first unit moves between like runs.
 
 Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiny", action="store_true", help="use the tiny random Llama job instead (seconds)")
     parser.add_argument("--bound-ms", default="18.6",
                         help="the unit bound in ms, or none (default 18.6, as `harvest bench units`)")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run (default 3)")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per run (default 4)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each setting, alternating (default 2)")
     parser.add_argument("--num-threads", type=int, default=2, help="torch CPU threads (default 2)")
 
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     bound = _parse_bound(args.bound_ms)
     if args.steps < 2 or args.rounds < 1:
-        raise SystemExit("--steps must be >= 2 (a first unit and later ones) and --rounds >= 1")
+        raise SystemExit("--steps must be >= 2 (a first step and later ones) and --rounds >= 1")
     runs = []
     with tempfile.TemporaryDirectory(prefix="harvest-bench-warmup-") as work_dir:
         config_path = _config_path(args, Path(work_dir))
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> dict:
     warmup_ms = [r["warmup_ms"] for r in runs if r["warm_up"]]
     worst_on = max(summary["on"].values())
     worst_off = max(summary["off"].values())
-    verdict = (f"with the warm-up a kind's first unit is at most {worst_on:.2f}x its later ones' median "
+    verdict = (f"with the warm-up a kind's first unit is at most {worst_on:.2f}x the later steps' median "
                f"(without: {worst_off:.2f}x); the warm-up took {statistics.median(warmup_ms):.0f} ms while the "
                "engine was built")
     return {"device": device_name(True), "config": str(config_path), "num_threads": args.num_threads,
@@ -64,7 +65,7 @@ def print_result(result: dict, console) -> None:
 
     kinds = list(result["first_over_p50"]["off"])
     table = Table(title=f"harvest bench warmup ({result['device']}, {result['steps']} steps a run, "
-                        f"{result['num_threads']} threads): a kind's first unit over its later ones' median")
+                        f"{result['num_threads']} threads): a kind's first unit over the later steps' median")
     for column in ("round", "warm-up", "warm-up ms", *kinds):
         table.add_column(column, justify="right")
     for r in result["runs"]:
@@ -102,11 +103,14 @@ def _one_run(config_path: str, warm_up: bool, bound: float | None, steps: int, n
         engine = FinetuneEngine.from_yaml(
             config_path, config=FinetuneConfig(max_unit_ms=bound, warm_up_units=warm_up),
             overrides={"max_steps": 10**6, "save_steps": 10**9, "output_dir": output_dir})
-        times: dict[str, list[float]] = {}
+        times: dict[str, list[float]] = {}  # kind -> its first unit's time in each step
         for _ in range(steps):
+            in_step = set()
             while True:
                 unit = engine.run_next_unit()
-                times.setdefault(unit.kind, []).append(unit.duration_ms)
+                if unit.kind not in in_step:
+                    in_step.add(unit.kind)
+                    times.setdefault(unit.kind, []).append(unit.duration_ms)
                 if unit.is_step_end:
                     break
     kinds = {kind: {"first_ms": round(ms[0], 3), "p50_ms": round(statistics.median(ms[1:]), 3), "n": len(ms)}
@@ -117,7 +121,7 @@ def _one_run(config_path: str, warm_up: bool, bound: float | None, steps: int, n
 
 
 def _first_over_p50(runs) -> dict[str, float]:
-    """Per kind, the median over runs of its first unit's time over its later units' median."""
+    """Per kind, the median over runs of its first unit's time over the later steps' median."""
     ratios: dict[str, list[float]] = {}
     for r in runs:
         for kind, t in r["kinds"].items():
