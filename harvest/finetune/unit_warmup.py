@@ -3,7 +3,7 @@ path is not the one that loads its kernels.
 
 A process's first run of a kind pays one-time work (on a GPU: CUDA's lazy module loading, cuBLAS handles and
 workspaces, autograd's first use; on a CPU: thread pools, allocator arenas), many times the kind's later runs
-(eval/README.md, "Unit warm-up"). Here each kind runs once, through the same DecoderUnits and OptimizerParts
+(eval/results/2026-11-27-warmup/README.md). Here each kind runs once, through the same DecoderUnits and OptimizerParts
 calls, on a tiny batch made by the job's own collator and on the last decoder layer only (every layer runs the
 same kernels; the last one's backward also computes its input's gradient, as the step's first backward does).
 
