@@ -2,10 +2,11 @@
 path is not the one that loads its kernels.
 
 A process's first run of a kind pays one-time work (on a GPU: CUDA's lazy module loading, cuBLAS handles and
-workspaces, autograd's first use; on a CPU: thread pools, allocator arenas), many times the kind's later runs
-(eval/results/2026-11-27-warmup/README.md). Here each kind runs once, through the same DecoderUnits and OptimizerParts
-calls, on a tiny batch made by the job's own collator and on the last decoder layer only (every layer runs the
-same kernels; the last one's backward also computes its input's gradient, as the step's first backward does).
+workspaces, autograd's first use; on a CPU: thread pools, allocator arenas), many times the kind's later
+runs (eval/results/2026-11-27-warmup/README.md). Here each kind runs once, through the same DecoderUnits and
+OptimizerParts calls, on a tiny batch made by the job's own collator and on the last decoder layer only (every
+layer runs the same kernels; the last one's backward also computes its input's gradient, as the step's first
+backward does).
 
 It changes nothing training reads: dropout draws from a throwaway generator (never the job's, nor the device's
 global one, which decode samples from while the engine is built), the gradients it leaves are dropped, the
