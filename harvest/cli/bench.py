@@ -22,6 +22,7 @@ BENCH_MODULES = {
     "fleet": "harvest.bench.fleet",
     "slo": "harvest.bench.slo",
     "units": "harvest.bench.units",
+    "warmup": "harvest.bench.warmup",
 }
 
 

@@ -1,5 +1,5 @@
 """How long the job's finetune units take, per unit kind, and so what a temporal slice admits a unit at: its
-kind's first (warm-up) time, its recent times on the whole device (slice and idle units) and beside decode
+kind's first time (kept apart), its recent times on the whole device (slice and idle units) and beside decode
 (co-run units, spatial mode), the estimate a slice admits it at, and the host stalls forgotten when that
 estimate kept the kind out of slices for too long (eval/README.md, "Temporal slice", says why)."""
 
@@ -35,8 +35,10 @@ class UnitTimes:
         times = self._co_run_ms if co_run else self._recent_ms
         recent = times.get(kind)
         if kind not in self._first_ms:
-            # The process's first unit of a kind is its warm-up (allocations, lazily built kernels and
-            # autograd state): 50-500x the kind's other times, so it is no sample of them.
+            # Kept apart, no sample: without the engine's warm-up (FinetuneConfig.warm_up_units) a kind's first
+            # unit is the process's first run of it (kernels loaded, allocations), 50-500x its other times.
+            # With it, it is warm: first_ms near the kind's p50 shows the warm-up took that work off the decode
+            # path, and one sample is all that is lost.
             self._first_ms[kind] = duration_ms
         elif recent is None:  # built whole before it is published: the admin thread never sees it empty
             times[kind] = deque([duration_ms], maxlen=RECENT_UNITS_PER_KIND)
@@ -47,8 +49,8 @@ class UnitTimes:
         self._refusals.pop(kind, None)
 
     def estimate_ms(self, kind: str, untimed_bound_ms: float | None) -> float:
-        """A high quantile of the kind's recent times, at least the longest of them, its first (warm-up) time
-        left out. A kind timed fewer than 2 times after its warm-up is estimated at twice `untimed_bound_ms`
+        """A high quantile of the kind's recent times, at least the longest of them, its first time left
+        out (record). A kind timed fewer than 2 times after its first is estimated at twice `untimed_bound_ms`
         (the job's unit bound: units are cut to it, but the first ones before any is timed, so they may overrun
         it), or admitted in idle loops only if there is none (None).
         A host stall in the times keeps the kind out of slices for STALL_PATIENCE slices (forget_a_stall);

@@ -96,6 +96,21 @@ class DecoderUnits:
     def num_layers(self) -> int:
         return len(self.layers)
 
+    @contextmanager
+    def drawing_from(self, generator: torch.Generator):
+        """Dropout draws from `generator` inside the block, from the job's own generator again after it."""
+        own = self.generator
+        dropouts = [m for m in self.layers.modules() if isinstance(m, GeneratorDropout)]
+        self.generator = generator
+        for dropout in dropouts:
+            dropout.generator = generator
+        try:
+            yield
+        finally:
+            self.generator = own
+            for dropout in dropouts:
+                dropout.generator = own
+
     def non_layer_modules(self) -> list[nn.Module]:
         return [self.embed_tokens, self.norm, self.rotary_emb, self.lm_head]
 

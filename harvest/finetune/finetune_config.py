@@ -26,6 +26,10 @@ class FinetuneConfig:
     data_shard: tuple[int, int] | None = None
     """(K, N): train on shard K of N of the dataset (contiguous, as `datasets.Dataset.shard`), a fleet worker's
     share; None: all of it."""
+    warm_up_units: bool = True
+    """Run every unit kind once on a tiny batch while the engine is built, changing nothing of its training, so
+    the first run's one-time work (kernel loading) is not a unit on the decode path. False: each kind's first
+    unit pays it."""
     served_model_path: str | None = None
     """The model the worker serves (`harvest serve`): the job shares its weights only if it is the same
     model (harvest.finetune.base_weights); None: a job outside a worker."""

@@ -27,6 +27,7 @@ from harvest.finetune.step_log import StepLog
 from harvest.finetune.step_queue import UPDATE_KINDS, StepQueue, Unit
 from harvest.finetune.training_setup import TrainingSetup
 from harvest.finetune.unit_sizer import UnitSizer
+from harvest.finetune.unit_warmup import warm_up_units
 from harvest.finetune.weight_memory import WeightMemory
 from harvest.finetune.window_policy import WindowPolicy
 
@@ -101,6 +102,16 @@ class FinetuneEngine:
             self.generator.set_state(global_rng_state(self.device))
             self._cpu_rng_state = torch.get_rng_state()
         self._step_boundary_rng_state = self._rng_states()
+        self.warmup_ms: float | None = None
+        """The warm-up's time while the engine was built (unit_warmup.py); None: not warmed up."""
+        self.warmup_unit_ms: dict[str, float] = {}
+        """Each unit kind's time in the warm-up: its first run in the process."""
+        if config.warm_up_units:
+            started = time.perf_counter()
+            can_split_head = config.max_unit_ms is not None and self.units.max_head_vocab_parts >= 2
+            self.warmup_unit_ms = warm_up_units(self.units, self._swapper, self._optimizer,
+                                                self.setup.dataloader.collate_fn, can_split_head)
+            self.warmup_ms = (time.perf_counter() - started) * 1e3
         # No layer is fetched yet: a step starts with the embedding unit, after which the window fills.
 
     @classmethod
@@ -345,6 +356,8 @@ class FinetuneEngine:
             "max_unit_ms": self.config.max_unit_ms,
             "unit_overrun": self._sizer.overruns(),
             "base_weights": self.base_weights,
+            "warmup_ms": None if self.warmup_ms is None else round(self.warmup_ms, 3),
+            "warmup_unit_ms": {kind: round(ms, 3) for kind, ms in self.warmup_unit_ms.items()},
             "state": state,
         }
 

@@ -92,10 +92,7 @@ class LayerSwapper:
                 group.resident.copy_(group.host, non_blocking=self._is_cuda)
                 if self._is_cuda:
                     self.memory.record_stream(group.resident, self._copy_stream)
-                offset = 0
-                for param, shape in zip(group.params, group.shapes):
-                    param.data = group.resident[offset: offset + shape.numel()].view(shape)
-                    offset += shape.numel()
+                _bind(group, group.resident)
             event = None
             if self._is_cuda:
                 event = torch.cuda.Event()
@@ -131,6 +128,24 @@ class LayerSwapper:
             for group in self._groups[layer_id]:
                 self.memory.record_stream(group.resident, compute_stream)
             self._ready_events[layer_id] = None
+
+    @contextlib.contextmanager
+    def borrowed(self, layer_id: int):
+        """The layer's frozen weights on the device for the block, in torch's memory, never `memory` (the unit
+        thread's: this runs while the engine is built); placeholders again after it. The window (what is
+        resident, fetch counts) does not change. On a CPU the weights are the host copies themselves."""
+        if layer_id in self._ready_events:
+            yield
+            return
+        groups = self._groups[layer_id]
+        for group in groups:
+            _bind(group, group.host.to(self.device))
+        try:
+            yield
+        finally:
+            for group in groups:
+                for param in group.params:
+                    param.data = self._placeholder(param.dtype)
 
     def evict(self, layer_id: int) -> None:
         if layer_id not in self._ready_events:
@@ -170,6 +185,14 @@ class LayerSwapper:
 
     def _placeholder(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(0, dtype=dtype, device=self.device)
+
+
+def _bind(group: _FrozenGroup, flat: torch.Tensor) -> None:
+    """Make each of the group's parameters a view of its place in `flat`."""
+    offset = 0
+    for param, shape in zip(group.params, group.shapes):
+        param.data = flat[offset: offset + shape.numel()].view(shape)
+        offset += shape.numel()
 
 
 def move_buffers(layer: nn.Module, device: torch.device) -> None:

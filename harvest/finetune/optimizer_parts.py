@@ -37,6 +37,22 @@ class OptimizerParts:
         """Parameter tensors the optimizer steps: the most parts an update can be cut into."""
         return sum(len(group["params"]) for group in self.optimizer.param_groups)
 
+    def throwaway_copy(self) -> "OptimizerParts | None":
+        """The optimizer's class, groups and hyper-parameters over clones of its parameters with zero gradients:
+        its updates run the job's kernels and leave the job's parameters, optimizer state and LR untouched.
+        None for an optimizer other than torch's own (is_splittable): its constructor is not known."""
+        if not self.is_splittable:
+            return None
+        groups = []
+        for group in self.optimizer.param_groups:
+            clones = []
+            for param in group["params"]:
+                clone = torch.nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad)
+                clone.grad = torch.zeros_like(param)
+                clones.append(clone)
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": clones})
+        return OptimizerParts(type(self.optimizer)(groups), self.max_grad_norm)
+
     def take_grad_norm(self) -> None:
         """The "grad_norm" unit: the norm of all gradients, which each part clips by (kept on the device)."""
         grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]

@@ -7,6 +7,8 @@ and the job holds no frozen-weight bytes of its own. Trainable (LoRA) parameters
 device as in copy mode.
 """
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -47,6 +49,10 @@ class ServedLayers:
 
     def wait(self, layer_id: int) -> None:
         pass
+
+    @contextlib.contextmanager
+    def borrowed(self, layer_id: int):
+        yield  # resident for good
 
     def apply(self, target_layer_ids: list[int]) -> None:
         pass  # the served weights stay where SGLang keeps them, whatever the window
