@@ -175,3 +175,30 @@ def test_the_wait_for_a_partitions_unit_is_not_fitted_as_decode_cost():
         controller.after_step(step)
     assert controller.batch_cost.slope_ms == pytest.approx(10.0, abs=0.01)
     assert controller.batch_cost.overrun_quantile == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
+def test_steps_pinned_through_the_admin_api_measure_no_split():
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    chooser = SplitChooser([PAIR], phase_s=10.0)
+    controller = SpatialController(Job(), None, SloTracker(30.0, 100), CorePartitions([PAIR], cores), "test",
+                                   chooser=chooser)
+
+    def step(n):
+        s = DecodeStep(n, 1, 10, time.perf_counter())
+        controller.before_step(s)
+        s.latency_ms = 1.0
+        controller.after_step(s)
+
+    try:
+        step(0)
+        busy_before = chooser._busy_s
+        controller.pinned = PAIR  # POST /harvest/partition
+        for n in range(1, 20):
+            step(n)
+        time.sleep(0.2)
+        controller.pinned = None
+        step(20)
+    finally:
+        controller.close()
+    assert chooser._busy_s - busy_before < 0.1, "the pinned stretch was counted as the chooser's busy time"

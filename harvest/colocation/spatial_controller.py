@@ -110,13 +110,14 @@ class SpatialController(Controller):
 
     def after_step(self, step, kv_demand_slots: int = 0) -> None:
         super().after_step(step, kv_demand_slots)
-        if self.chooser is not None and self.pinned is None:
-            if self._job_was_ready:
-                # A wait for an idle-time unit is the idle turn's, not the split's (it runs on the whole device).
-                kept = step.latency_ms + step.finetune_ms <= self.slo.tpot_slo_ms
-                self.chooser.record_step(self.unit_tokens, kept)
-            else:
-                self.chooser.skip()
+        if self.chooser is None:
+            return
+        if self.pinned is None and self._job_was_ready:
+            # A wait for an idle-time unit is the idle turn's, not the split's (it runs on the whole device).
+            kept = step.latency_ms + step.finetune_ms <= self.slo.tpot_slo_ms
+            self.chooser.record_step(self.unit_tokens, kept)
+        else:
+            self.chooser.skip()  # a step pinned through the admin API, or one whose job had no ready work
 
     def _end_co_run(self, step) -> int:
         with self._tokens_lock:
