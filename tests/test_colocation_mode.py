@@ -23,7 +23,7 @@ def serve_config(finetune=True, **kwargs) -> ServeConfig:
     ("kwargs", "profile_path", "mode"),
     [
         ({"finetune": False}, None, Colocation.OFF),
-        ({}, None, Colocation.SPATIAL if TWO_CORES else Colocation.TEMPORAL),  # the split chosen live
+        ({}, None, Colocation.TEMPORAL),
         ({"colocation": Colocation.TEMPORAL}, None, Colocation.TEMPORAL),
         ({"profile_path": TEMPORAL_PROFILE}, TEMPORAL_PROFILE, Colocation.TEMPORAL),
         ({"profile_path": CO_RUN_PROFILE}, CO_RUN_PROFILE, Colocation.SPATIAL),
@@ -61,7 +61,6 @@ def test_spatial_without_a_profile_or_a_pin_needs_a_cpu_host_that_chooses_its_sp
     assert colocation_mode(ServeConfig(admin=AdminConfig(), finetune=gpu_job, tpot_slo_ms=40.0), None) \
         is Colocation.TEMPORAL
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert colocation_mode(serve_config(), None) is Colocation.TEMPORAL
     with pytest.raises(HarvestError, match="--colocation spatial needs"):
         serve_config(colocation=Colocation.SPATIAL)
 
