@@ -26,6 +26,7 @@ from base.errors import HarvestError
 from harvest.admin.admin_app import AdminServer
 from harvest.admin.metrics import HarvestMetrics
 from harvest.colocation import FinetuneJob, TemporalController
+from harvest.colocation.controller import unit_bound_ms
 from harvest.colocation.core_partitions import CorePartitions
 from harvest.colocation.green_partitions import GreenPartitions
 from harvest.colocation.kv_lender import KvLender
@@ -41,11 +42,6 @@ from harvest.jobs.job_store import JobStore
 from harvest.jobs.worker_jobs import WorkerJobs
 from harvest.step_stats import DecodeStep, SloTracker, StepStats
 from predictor import Profile, SplitPlanner
-
-PREEMPTION_BOUND_SHARE = 0.25
-"""Units are cut to this share of the TPOT target where no shorter bound applies (no profile, or a spatial
-worker, whose finetune partition a step takes back by waiting for the unit in flight): the step that waits
-keeps three quarters of its target for decode."""
 
 FLEET_BUILD_S = 600.0
 """The longest a fleet worker's start waits for its job's engine to be built, before the join's own timeout."""
@@ -93,7 +89,7 @@ class HarvestRuntime:
     @property
     def wants_kv_lending(self) -> bool:
         """Lend free KV memory to the job, in either mode: the lender runs in the scheduler thread while it
-        owns the job (spatial_controller.py: the unit thread hands it back after every step)."""
+        owns the job (spatial_controller.py: at a unit boundary, the unit thread stopping there when asked)."""
         return self.config.finetune is not None and self.config.kv_lending
 
     def attach_kv_pool(self, allocator) -> None:
@@ -171,9 +167,12 @@ class HarvestRuntime:
                 self.prepare_co_run_contexts(partitions)
             planner = _planner(self.config, self.profile,
                                None if partitions is None else self.planner_pairs(partitions))
+            job_config = _job_config(self.config, planner, device_index)
+            if planner is not None and partitions is not None:
+                planner.switch_ms = job_config.max_unit_ms / 2
             self.controller = _build_controller(self.config, self.profile, planner, partitions, self.lender,
                                                 JobSet(fair_share_quantum_ms=self.config.job_quantum_s * 1e3))
-            self.jobs = self._worker_jobs(_job_config(self.config, planner, partitions, device_index))
+            self.jobs = self._worker_jobs(job_config)
             initial = _initial_job(self.config.finetune)
             self._fleet_job = None if self.config.fleet is None else initial["name"]
             self.jobs.start(initial)
@@ -370,22 +369,15 @@ def _planner(config: ServeConfig, profile, pairs):
     return SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
 
 
-def _job_config(config: ServeConfig, planner, partitions, device_index: int):
+def _job_config(config: ServeConfig, planner, device_index: int):
     """Every job's FinetuneConfig but its YAML. device_index: the worker's CUDA device, named in the job's
     device (a bare "cuda" means device 0 in the spatial unit thread, whatever SGLang set)."""
     finetune_config = dataclasses.replace(config.finetune, yaml_path=None, resume=False)
     if finetune_config.device == "cuda":
         finetune_config = dataclasses.replace(finetune_config, device=f"cuda:{device_index}")
     if finetune_config.max_unit_ms is None:
-        # Temporal with a profile: a unit no longer than the shortest decode step, so a pause (or a batch
-        # arriving while the device is idle and finetuning) takes effect within one step, but for a unit whose
-        # fixed cost is over half of it, which runs up to twice that cost (unit_sizer.py says why). Spatial: the
-        # job holds its partition across steps, so a unit is cut to the preemption bound instead, the wait
-        # of a step that takes the device back (stats: preempt_ms_max).
-        if partitions is not None or planner is None:
-            max_unit_ms = config.tpot_slo_ms * PREEMPTION_BOUND_SHARE
-        else:
-            max_unit_ms = planner.shortest_step_ms
+        shortest_step_ms = None if planner is None else planner.shortest_step_ms
+        max_unit_ms = unit_bound_ms(config.tpot_slo_ms, shortest_step_ms)
         finetune_config = dataclasses.replace(finetune_config, max_unit_ms=max_unit_ms)
     return finetune_config
 

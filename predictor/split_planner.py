@@ -145,6 +145,11 @@ class SplitPlanner:
         self._global_correction = 1.0
         self._full_relative_correction = 1.0
         self._full_margin = self.margin((self._full_sms, 0))
+        self.switch_ms = 0.0
+        """The expected wait for the finetune partition's unit in flight when the slice after a co-run step takes
+        the device back (half the unit bound; the worker sets it): the slice trains that long at the partition's
+        co-run rate instead of the whole device's. Within a row a candidate is still picked on its loss per solo
+        ms alone (as cheap as before); the whole device is weighed against it with this cost in."""
         self._refresh_rows()
 
     def _refresh_rows(self) -> None:
@@ -225,9 +230,11 @@ class SplitPlanner:
         if slack > 0.0:
             least_loss = rate * predicted  # the whole device to decode, then a slice
             rows = self._active_rows
+            switch_ms = self.switch_ms
         else:
             least_loss = rate * target  # no slice at all: any feasible pair beats it
             rows = self._rows
+            switch_ms = 0.0
         best, best_solo, best_infer = None, 0.0, self._full_sms
         full_solo = model_ms * g
         for row in rows:
@@ -237,7 +244,7 @@ class SplitPlanner:
             solo = (row.b0_ms * padded + row.c0_ms + row.k0_ms * num_kv_tokens) * g
             if solo <= row.max_allowance_ms:
                 candidate = row.best_from[bisect_left(row.allowances_ms, solo)]
-                loss = candidate.loss_per_solo_ms * solo
+                loss = candidate.loss_per_solo_ms * solo + (rate - candidate.co_run_rate) * switch_ms
                 # Equal finetune tokens (to TIE_TOLERANCE): the lower predicted decode latency, the lower TPOT.
                 # Decode alone, the fastest decode, is only left for a pair that trains strictly more.
                 if loss < least_loss * (1.0 - TIE_TOLERANCE) or (

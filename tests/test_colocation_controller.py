@@ -7,13 +7,15 @@ import numpy as np
 import pytest
 
 from harvest.colocation.controller import Controller, TemporalController
+from harvest.colocation.spatial_controller import SpatialController
 from harvest.config import AdminConfig, ServeConfig
 from harvest.finetune import FinetuneConfig
 from harvest.replay.simulated_job import (
     SimClock,
     SimulatedJob,
-    SimulatedSpatialController,
+    SimulatedPartitions,
     SimulatedUnit,
+    SimulatedUnitRunner,
 )
 from harvest.runtime import _job_config
 from harvest.step_stats import DecodeStep, SloTracker, miss_cause
@@ -34,6 +36,13 @@ def temporal(planner=None):
     # spread, which test_the_slice_leaves_room_for_the_batch_to_spread covers.
     controller.batch_cost.dispersion = 0.0
     return controller, clock
+
+
+def simulated_spatial(job, clock, planner, co_run_tokens_per_s):
+    """The worker's SpatialController on the simulated device, as `harvest replay --simulate` builds it."""
+    runner = SimulatedUnitRunner(job, clock, co_run_tokens_per_s, UNIT_MS)
+    return SpatialController(job, planner, SloTracker(TARGET_MS, 100), SimulatedPartitions(132), "test",
+                             runner=runner, clock=clock, loop_overhead_ms=0.0)
 
 
 def run_step(controller, clock, latency_ms, batch_size=4, kv_tokens=4000):
@@ -123,13 +132,12 @@ def test_units_that_ran_short_leave_room_the_plan_may_use_and_a_late_overrun_is_
     assert miss_cause(record, TARGET_MS) == "overrun"
 
 
-def test_temporal_and_spatial_controllers_share_one_interface_and_stats_shape():
+def test_temporal_and_spatial_controllers_share_one_interface_and_the_base_stats():
     profile = Profile.load(SHIPPED_PATH)
     clock = SimClock()
     job = SimulatedJob(clock, UNIT_MS, 1000.0)
     job.is_ready = True
-    spatial = SimulatedSpatialController(job, SplitPlanner(profile, TARGET_MS), SloTracker(TARGET_MS, 100), "test",
-                                         lambda ft_sms: 10.0 * ft_sms, clock)
+    spatial = simulated_spatial(job, clock, SplitPlanner(profile, TARGET_MS), lambda ft_sms: 10.0 * ft_sms)
     temporal_controller, temporal_clock = temporal(SplitPlanner(profile, TARGET_MS))
     shapes = []
     for controller, c in ((spatial, clock), (temporal_controller, temporal_clock)):
@@ -139,7 +147,8 @@ def test_temporal_and_spatial_controllers_share_one_interface_and_stats_shape():
         stats = controller.stats()
         shapes.append((set(stats) - {"mode"}, set(stats["split"])))
         assert stats["predictor"]["margin"]["device"] >= 1.0
-    assert shapes[0] == shapes[1]
+    assert shapes[1][0] <= shapes[0][0] and shapes[0][1] == shapes[1][1]  # spatial adds its partitions' keys
+    assert {"co_run", "preemptions", "preempt_ms_max"} <= shapes[0][0]
     assert spatial.stats()["mode"] == "spatial" and temporal_controller.stats()["mode"] == "temporal"
 
 
@@ -151,27 +160,71 @@ def test_a_worker_that_co_runs_on_most_steps_still_fits_the_decode_cost_line():
     clock = SimClock()
     job = SimulatedJob(clock, UNIT_MS, 1000.0)
     job.is_ready = True
-    controller = SimulatedSpatialController(job, SplitPlanner(profile, TARGET_MS), SloTracker(TARGET_MS, 100),
-                                            "test", lambda ft_sms: 10.0 * ft_sms, clock)
+    controller = simulated_spatial(job, clock, SplitPlanner(profile, TARGET_MS), lambda ft_sms: 10.0 * ft_sms)
     co_ran = 0
     for i in range(60):
         batch = 8 + 8 * (i % 4)
         step = DecodeStep(i, batch, batch * 500, clock())
         controller.before_step(step)
         co_ran += controller._decision_co_ran()
-        step.latency_ms = controller.decision.predicted_ms
-        clock.advance_ms(step.latency_ms)
+        step.latency_ms = step.preempt_ms + controller.decision.predicted_ms  # the wait is on the clock already
+        clock.advance_ms(controller.decision.predicted_ms)
         controller.after_step(step)
     assert co_ran > 60 - 20  # too few steps alone to fit the line on (BatchCost needs 20)
     assert controller.batch_cost.slope_ms is not None
+
+
+def test_the_simulated_partition_trains_while_granted_and_a_revoke_waits_for_the_unit_in_flight():
+    """The simulator runs the worker's SpatialController, the unit thread replaced by the simulated device's
+    runner: units of UNIT_MS back to back from the grant, so taking the partition back 7 ms in waits 3 ms."""
+    clock = SimClock()
+    job = SimulatedJob(clock, UNIT_MS, 1000.0)
+    job.is_ready = True
+    controller = simulated_spatial(job, clock, None, lambda ft_sms: 100.0 * ft_sms)
+    controller.pinned = (120, 12)
+    step = run_step(controller, clock, 7.0)
+    assert step.preempt_ms == 0.0 and step.finetune_tokens == pytest.approx(1200.0 * 7.0 / 1e3)
+    assert step.finetune_ms == 0.0, "no slice while a pinned partition holds the job"
+    controller.pinned = (132, 0)  # the next step takes the whole device back
+    step = run_step(controller, clock, 7.0)
+    assert step.preempt_ms == pytest.approx(3.0)
+    assert step.finetune_tokens == pytest.approx(1200.0 * 3.0 / 1e3), "the unit in flight ran to its end"
+    co_run = controller.stats()["co_run"]["120,12"]
+    assert co_run["ms_granted"] == pytest.approx(10.0) and co_run["tokens"] == 12
+    assert controller.stats()["preempt_ms_max"] == pytest.approx(3.0)
+
+
+def test_a_planners_co_run_step_ends_in_a_slice_and_the_planner_weighs_the_wait_for_it():
+    """With a planner a co-run step is followed by a slice on the whole device where the slack admits one (the
+    partition revoked for it); the planner counts the wait for the partition's unit in flight as a co-run's
+    cost, so on the shipped profile's low co-run rates at this load the whole device and its slice win."""
+    profile = Profile.load(SHIPPED_PATH)
+    clock = SimClock()
+    job = SimulatedJob(clock, UNIT_MS, 1000.0)
+    job.is_ready = True
+    planner = SplitPlanner(profile, TARGET_MS)
+    controller = simulated_spatial(job, clock, planner, lambda ft_sms: 10.0 * ft_sms)
+    controller.batch_cost.dispersion = 0.0  # as temporal(): batches that do not spread
+    step = DecodeStep(0, 8, 8 * 500, clock())
+    controller.before_step(step)
+    assert controller.decision.ft_sms > 0 and controller._granted is not None
+    clock.advance_ms(controller.decision.predicted_ms)
+    step.latency_ms = controller.decision.predicted_ms
+    controller.after_step(step)
+    assert controller._granted is None, "the slice took the partition back"
+    assert controller.num_units_in_slack > 0 and step.finetune_ms > 0
+    assert step.latency_ms + step.finetune_ms <= TARGET_MS
+
+    planner.switch_ms = UNIT_MS / 2
+    assert planner.plan(8, 500, has_ready_work=True).ft_sms == 0
 
 
 def test_with_a_profile_units_are_sized_to_its_shortest_step():
     profile = Profile.load(SHIPPED_PATH)
     config = ServeConfig(admin=AdminConfig(), tpot_slo_ms=TARGET_MS, finetune=FinetuneConfig(yaml_path="job.yaml"))
     planner = SplitPlanner(profile, TARGET_MS)
-    assert _job_config(config, planner, None, 0).max_unit_ms == pytest.approx(planner.shortest_step_ms)
-    assert _job_config(config, None, None, 0).max_unit_ms == TARGET_MS / 4
+    assert _job_config(config, planner, 0).max_unit_ms == pytest.approx(planner.shortest_step_ms)
+    assert _job_config(config, None, 0).max_unit_ms == TARGET_MS / 4
 
 
 def test_before_any_unit_is_timed_the_slice_admits_units_where_twice_their_bound_fits():

@@ -138,23 +138,29 @@ def test_the_planner_picks_the_core_partition_per_step_and_decode_follows_it(tmp
 
 
 @needs_two_cores
-def test_a_spatial_worker_cuts_units_to_the_preemption_bound(tmp_path):
+def test_units_fit_the_shortest_step_with_a_profile_and_the_preemption_bound_without(tmp_path):
+    """With a profile a co-run step ends in a slice that takes the partition back, so units fit its shortest step
+    as a temporal worker's do; a spatial worker without one holds its partition across steps, and a unit is cut
+    to the preemption bound."""
+    from harvest.colocation.controller import PREEMPTION_BOUND_SHARE
     from harvest.config import AdminConfig, ServeConfig
     from harvest.finetune import FinetuneConfig
     from harvest.jobs import JobSet
-    from harvest.runtime import PREEMPTION_BOUND_SHARE, _build_controller, _job_config, _planner
+    from harvest.runtime import _build_controller, _job_config, _planner
 
     profile = core_profile(tmp_path)
     config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cpu", yaml_path="job.yaml"), tpot_slo_ms=40.0)
     planner = _planner(config, profile, None)
     partitions = CorePartitions(list(profile.partitions), CORES[:2])
-    controller = _build_controller(config, profile, planner, partitions, None, JobSet())
-    try:
-        assert controller.mode == "spatial"
-        assert _job_config(config, planner, partitions, 0).max_unit_ms == 40.0 * PREEMPTION_BOUND_SHARE
-    finally:
-        controller.close()
-    assert _job_config(config, planner, None, 0).max_unit_ms == planner.shortest_step_ms
+    for with_profile in (True, False):
+        controller = _build_controller(config, profile if with_profile else None, planner if with_profile else None,
+                                       partitions, None, JobSet())
+        try:
+            assert controller.mode == "spatial"
+        finally:
+            controller.close()
+    assert _job_config(config, planner, 0).max_unit_ms == planner.shortest_step_ms
+    assert _job_config(config, None, 0).max_unit_ms == 40.0 * PREEMPTION_BOUND_SHARE
 
 
 def test_the_admin_api_pins_and_unpins_a_spatial_workers_partition(tmp_path):

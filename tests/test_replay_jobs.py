@@ -72,6 +72,7 @@ def test_the_set_is_credited_every_token_the_device_trained(simulation, trace):
     make_job = functools.partial(SimulatedJobSet, arrivals=arrivals, policy="slack", prior_tokens_per_s=2000.0)
     policy = HarvestPolicy(simulation.profile, MEMORY, FinetuneRates.from_profile(simulation.profile),
                            simulation.config, make_job=make_job)
+    policy.planner.switch_ms = 0.0  # co-run steps (the shipped profile's co-runs do not pay for the switch)
     run = DecodeSimulator(policy).run(trace)
     trained = sum(m.num_trained_tokens for m in policy.job.members.values())
     assert run.busy_ft_tokens > 0 and (run.step_ft_sms > 0).any()

@@ -159,7 +159,7 @@ def _finetune_config(args: argparse.Namespace, model_path):
             return None, None  # serve only
     elif args.tpot_slo_ms is None or not args.tpot_slo_ms > 0:
         return FinetuneConfig(yaml_path=args.finetune), None  # ServeConfig names the missing or bad --tpot-slo-ms
-    # max_unit_ms None: the controller sizes units from the profile (or a quarter of the target without one).
+    # max_unit_ms None: units fit the profile's shortest step, or a quarter of the target without one (unit_bound_ms).
     config = finetune_config(SERVE_FLAGS, yaml_path=args.finetune, device="cuda" if has_real_driver() else "cpu",
                              max_unit_ms=args.finetune_max_unit_ms, num_window_layers=args.finetune_window_layers,
                              resume=args.finetune_resume, served_model_path=str(model_path))

@@ -44,6 +44,19 @@ estimates they were admitted at: a unit the host stalls (preemption, another thr
 any estimate of its own kind. A slice ends within its budget if no unit ran further past its estimate than
 the reserve, so at most one slice in RECENT_SLICES overruns by a stall (the second longest of 1000): the
 99.9 % of steps harvest aims at."""
+PREEMPTION_BOUND_SHARE = 0.25
+"""Units are cut to this share of the TPOT target where no profile gives a shorter bound: a step that waits for
+the unit in flight on a finetune partition keeps three quarters of its target for decode."""
+
+
+def unit_bound_ms(tpot_slo_ms: float, shortest_step_ms: float | None) -> float:
+    """How long a job's unit may run (FinetuneConfig.max_unit_ms, unless set), the worker's and the simulator's.
+    With a profile (`shortest_step_ms`, the planner's): no longer than the shortest decode step, so a pause, a
+    batch arriving while the device is idle and finetuning, or a slice taking a finetune partition back takes
+    effect within one step, but for a unit whose fixed cost is over half of it, which runs up to twice that cost
+    (unit_sizer.py says why). Without one: the preemption bound, a share of the target (a spatial job then holds
+    its partition across steps, and a step that takes it back waits for the unit in flight: preempt_ms_max)."""
+    return tpot_slo_ms * PREEMPTION_BOUND_SHARE if shortest_step_ms is None else shortest_step_ms
 
 
 def _quantile(values, q: float) -> float:
@@ -200,8 +213,8 @@ class Controller:
         budget_ms = self._slice_budget_ms(step)
         # Reclaiming KV for decode always happens; growing the job's window only where the slice has room.
         did_memory_work = self._lend_or_reclaim(step, kv_demand_slots, can_grow=budget_ms > 0)
-        num_units, excess_ms = self._run_slice(step, started, budget_ms)
-        self._account(step, started, budget_ms, excess_ms, num_units > 0 or did_memory_work)
+        did_slice_work, excess_ms = self._run_slice(step, started, budget_ms)
+        self._account(step, started, budget_ms, excess_ms, did_slice_work or did_memory_work)
 
     # ---- after_step's phases ----
 
@@ -252,12 +265,12 @@ class Controller:
         step.memory_ms = (self.clock() - memory_started) * 1e3 if did_memory_work else 0.0
         return did_memory_work
 
-    def _run_slice(self, step: DecodeStep, started: float, budget_ms: float) -> tuple[int, float]:
+    def _run_slice(self, step: DecodeStep, started: float, budget_ms: float) -> tuple[bool, float]:
         """Finetune units on the whole device while the next one's estimate fits the budget, less the reserve
-        for stalls, from `started` on. Returns how many ran and how far the one furthest past its estimate ran
+        for stalls, from `started` on. Returns whether any ran and how far the one furthest past its estimate ran
         past it (the slice's excess, the reserve's sample)."""
         if self._is_job_beside_decode():
-            return 0, 0.0
+            return False, 0.0
         self.job.poll()
         num_units = 0
         admit_ms = budget_ms - self.slice_reserve_ms
@@ -284,7 +297,7 @@ class Controller:
             self.num_units_in_slack += 1
         if not num_units:
             self.job.note_no_room()
-        return num_units, excess_ms
+        return num_units > 0, excess_ms
 
     def _account(self, step: DecodeStep, started: float, budget_ms: float, excess_ms: float,
                  did_work: bool) -> None:

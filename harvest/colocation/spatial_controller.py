@@ -4,17 +4,23 @@ granted across steps, and the unit thread runs units on it back to back. A parti
 (GreenPartitions: a stream on a green context) or cores of a CPU host (CorePartitions: the thread pinned to a
 core set); both give a context per thread for decode, for co-run units and for the whole device.
 
-The job has one owner at a time, and the owner changes only at a unit boundary (`_job_lock` is held for a
-unit, or for a turn of the scheduler thread's work on the job):
+The job has one owner at a time, and the owner changes only at a unit boundary (the UnitThread's lock is held
+for a unit, or for a turn of the scheduler thread's work on the job):
   - while a finetune partition is granted, the unit thread owns the job: it polls it (checkpoint, stop,
     publish) and runs units between decode steps as well as during them; the scheduler thread runs no unit;
   - the grant changes before a step whose partition differs (whole device to decode, or another pair) and
     before an idle turn: the scheduler thread revokes it and waits for the unit in flight (a preemption,
-    charged to the step as preempt_ms; units are sized to the preemption bound: runtime.py);
+    charged to the step as preempt_ms; units are sized to the bound controller.unit_bound_ms gives);
+  - with a planner, a co-run step is followed by a slice on the whole device where the slack admits one (the
+    planner counts the tokens of a step so, and weighs the wait for the unit in flight against co-running):
+    the partition is revoked for it and granted again at the next step; pinned or chosen live (no planner), it
+    stays with the job between steps;
   - KV slots and lent memory stay the scheduler thread's (allocator/unified_allocator.py asserts it): when
     decode needs lent memory back it takes the job for the rebalance at the unit boundary (a preemption, in
     the step's memory_ms); growing the job's window is a request the unit thread serves by stopping at its
     next unit boundary, and the scheduler thread grows the window after a later step, waiting for nothing.
+What runs units on the partition is the controller's runner: UnitThread on a worker, the simulated device's
+in `harvest replay --simulate` (harvest/replay/simulated_job.py), so both run this one policy.
 The co-run finetune time is not charged to the step's latency: it ran beside it, and its interference is
 what the co-run model (stage 2) predicts and the online correction and margin learn.
 """
@@ -24,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from harvest.colocation.controller import Controller
+from harvest.colocation.controller import LOOP_OVERHEAD_MS, Controller
 from harvest.colocation.finetune_job import FinetuneState
 
 IDLE_POLL_S = 0.005
@@ -33,11 +39,11 @@ IDLE_POLL_S = 0.005
 
 @dataclass(slots=True)
 class PartitionTime:
-    """What the unit thread did on one finetune partition (stats `co_run`)."""
+    """What the job did on one finetune partition (stats `co_run`)."""
 
     num_trained_tokens: float = 0
     granted_ms: float = 0.0
-    """Held by the unit thread, closed grants only (stats adds the open one's time so far)."""
+    """Held by the job, closed grants only (stats adds the open one's time so far)."""
     num_grants: int = 0
     num_steps: int = 0
 
@@ -46,11 +52,14 @@ class SpatialController(Controller):
     mode = "spatial"
 
     def __init__(self, job, planner, slo, partitions, planner_source: str, lender=None,
-                 pinned: tuple[int, int] | None = None, chooser=None):
-        """`partitions`: GreenPartitions or CorePartitions. `pinned`: run every step on this (infer, ft)
-        partition instead of the planner's choice (profiling and benchmarks; `harvest serve --pin-partition`).
-        `chooser`: a SplitChooser, which picks the split phase by phase where there is no planner."""
-        super().__init__(job, planner, slo, planner_source, lender)
+                 pinned: tuple[int, int] | None = None, chooser=None, runner=None, clock=time.perf_counter,
+                 loop_overhead_ms: float = LOOP_OVERHEAD_MS):
+        """`partitions`: GreenPartitions or CorePartitions (the simulator's: SimulatedPartitions). `pinned`: run
+        every step on this (infer, ft) partition instead of the planner's choice (profiling and benchmarks;
+        `harvest serve --pin-partition`). `chooser`: a SplitChooser, which picks the split phase by phase where
+        there is no planner. `runner`: what runs units on a granted partition (None: a UnitThread, the worker's;
+        the simulator passes its simulated device's)."""
+        super().__init__(job, planner, slo, planner_source, lender, clock=clock, loop_overhead_ms=loop_overhead_ms)
         self.partitions = partitions
         self.pinned = pinned
         self.chooser = chooser
@@ -58,21 +67,15 @@ class SpatialController(Controller):
         self._partition: tuple[int, int] | None = None
         """The step's partition (decode's side is what decode_stream_context follows)."""
         self._granted: tuple[int, int] | None = None
-        """The finetune partition the unit thread may run units on; written by the scheduler thread only."""
+        """The finetune partition the runner may run units on; written by the scheduler thread only."""
         self._granted_s = 0.0
-        self._co_run_tokens = 0
+        self._revoked_tokens = 0
+        """Trained on a partition until its revoke, not yet in a step's finetune_tokens."""
         self._co_run: dict[tuple[int, int], PartitionTime] = {}
         self.max_preempt_ms = 0.0
         self.num_preemptions = 0
         self.num_grow_requests = 0
-        self._job_lock = threading.Lock()
-        self._tokens_lock = threading.Lock()
-        self._wanted = threading.Event()
-        """The scheduler thread wants the job at the next unit boundary (memory work): no unit starts."""
-        self._granted_event = threading.Event()
-        self._closed = threading.Event()
-        self._runner = threading.Thread(target=self._run_units, name="harvest-finetune-units", daemon=True)
-        self._runner.start()
+        self.runner = UnitThread(self) if runner is None else runner
 
     def decode_stream_context(self):
         """Where the scheduler thread runs the step: the inference partition's cores on a CPU host (on a GPU
@@ -120,11 +123,32 @@ class SpatialController(Controller):
             self.chooser.skip()  # a step pinned through the admin API, or one whose job had no ready work
 
     def _end_co_run(self, step) -> int:
-        with self._tokens_lock:
-            tokens, self._co_run_tokens = self._co_run_tokens, 0
+        tokens, self._revoked_tokens = self._revoked_tokens, 0
         if self._granted is not None:
-            self._co_run[self._granted].num_steps += 1
+            time_on = self._co_run[self._granted]
+            time_on.num_steps += 1
+            trained = self.runner.take_tokens()
+            time_on.num_trained_tokens += trained
+            tokens += trained
         return tokens
+
+    def _run_slice(self, step, started: float, budget_ms: float) -> tuple[bool, float]:
+        """A planner's step is its co-run and then a slice on the whole device (what its finetune tokens count),
+        so the partition is taken back for a slice whose first unit fits after the wait for the unit in flight
+        (which the slice's time holds, the partition training meanwhile); with no planner, or one partition
+        pinned, the partition stays with the job between steps."""
+        if self._granted is not None:
+            if self.planner is None or self.pinned is not None:
+                return False, 0.0
+            kind = self.job.next_unit_kind()
+            first_unit_ms = self.unit_times.estimate_ms(kind, self.job.max_unit_ms) + self.job.max_unit_ms
+            if first_unit_ms > budget_ms - self.slice_reserve_ms - (self.clock() - started) * 1e3:
+                return False, 0.0
+            self._revoke()
+            self._partition = None
+            _, excess_ms = super()._run_slice(step, started, budget_ms)
+            return True, excess_ms
+        return super()._run_slice(step, started, budget_ms)
 
     def _decision_co_ran(self) -> bool:
         return self._granted is not None
@@ -138,47 +162,31 @@ class SpatialController(Controller):
     # ---- the grant (scheduler thread) ----
 
     def _grant(self, partition: tuple[int, int]) -> None:
-        self._granted, self._granted_s = partition, time.perf_counter()
+        self._granted, self._granted_s = partition, self.clock()
         self._co_run.setdefault(partition, PartitionTime()).num_grants += 1
-        self._granted_event.set()
+        self.runner.grant(partition)
 
     def _revoke(self) -> float:
-        """Take the job back from the unit thread: no unit starts from now; the ms waited for the one in flight."""
+        """Take the job back from the runner: no unit starts from now; the ms waited for the one in flight."""
         granted = self._granted
         if granted is None:
             return 0.0
-        started = time.perf_counter()
         self._granted = None
-        self._granted_event.clear()
-        with self._job_lock:
-            pass
-        now = time.perf_counter()
-        self._co_run[granted].granted_ms += (now - self._granted_s) * 1e3
-        waited_ms = (now - started) * 1e3
+        waited_ms = self.runner.revoke()
+        trained = self.runner.take_tokens()
+        self._revoked_tokens += trained
+        time_on = self._co_run[granted]
+        time_on.num_trained_tokens += trained
+        time_on.granted_ms += (self.clock() - self._granted_s) * 1e3
         self.num_preemptions += 1
         self.max_preempt_ms = max(self.max_preempt_ms, waited_ms)
         return waited_ms
-
-    @contextlib.contextmanager
-    def _job_at_boundary(self, wait: bool):
-        """The job for the scheduler thread's own turn while a partition is granted: at the next unit boundary.
-        `wait`: block for the unit in flight (a preemption); else yield False if one is in flight, and leave the
-        request standing so the unit thread stops at its boundary and a later turn finds it free."""
-        self._wanted.set()
-        if not self._job_lock.acquire(blocking=wait):
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            self._wanted.clear()
-            self._job_lock.release()
 
     def _rebalance_memory(self, kv_demand_slots: int, can_grow: bool = True) -> bool:
         if self._granted is None or self.lender is None:
             return super()._rebalance_memory(kv_demand_slots, can_grow)
         if self.lender.engine is not None and self.lender.needs_reclaim(kv_demand_slots):
-            with self._job_at_boundary(wait=True):  # decode needs its KV back now
+            with self.runner.job_at_boundary(wait=True):  # decode needs its KV back now
                 self.num_preemptions += 1
                 return super()._rebalance_memory(kv_demand_slots, can_grow)
         engine = self.job.engine if self.job.is_active else None
@@ -186,7 +194,7 @@ class SpatialController(Controller):
             engine = None  # no window to lend to (the base rebalance says so and detaches once)
         if engine is not self.lender.engine or (can_grow and engine is not None and (
                 self.lender.may_grow() or self.job.state == FinetuneState.WAITING)):
-            with self._job_at_boundary(wait=False) as has_job:
+            with self.runner.job_at_boundary(wait=False) as has_job:
                 if not has_job:
                     self.num_grow_requests += 1
                     return False
@@ -208,44 +216,14 @@ class SpatialController(Controller):
 
     def close(self) -> None:
         self._revoke()
-        self._closed.set()
-        self._granted_event.set()
+        self.runner.close()
 
     def _run_unit(self, co_run: bool = False):
         """A slice or idle unit: the scheduler thread owns the job; the whole device."""
         if co_run:
             return super()._run_unit(co_run=True)
-        with self._job_lock, self.partitions.whole_device_context():
+        with self.runner.job_at_boundary(wait=True), self.partitions.whole_device_context():
             return super()._run_unit()
-
-    # ---- the unit thread ----
-
-    def _run_units(self) -> None:
-        """Runs units on the granted finetune partition back to back, polling the job between them."""
-        while not self._closed.is_set():
-            partition = self._granted
-            if partition is None or self._wanted.is_set():
-                self._granted_event.wait(timeout=0.1) if partition is None else time.sleep(IDLE_POLL_S / 5)
-                continue
-            if not self._run_co_run_unit(partition):
-                time.sleep(IDLE_POLL_S)
-
-    def _run_co_run_unit(self, partition: tuple[int, int]) -> bool:
-        """One unit on `partition` while it is still granted and not wanted back; True if one ran."""
-        with self._job_lock:
-            if self._granted != partition or self._wanted.is_set():
-                return False
-            self.job.poll()
-            if not self.job.has_ready_work():
-                return False
-            with self.partitions.finetune_context(*partition):
-                result = self._run_unit(co_run=True)
-            if result is None:
-                return False
-            with self._tokens_lock:
-                self._co_run_tokens += result.num_trained_tokens
-            self._co_run[partition].num_trained_tokens += result.num_trained_tokens
-            return True
 
     def stats(self) -> dict:
         granted, granted_s = self._granted, self._granted_s
@@ -253,7 +231,7 @@ class SpatialController(Controller):
         for (i, f), time_on in list(self._co_run.items()):
             t, ms = time_on.num_trained_tokens, time_on.granted_ms
             if (i, f) == granted:
-                ms += (time.perf_counter() - granted_s) * 1e3
+                ms += (self.clock() - granted_s) * 1e3
             co_run[f"{i},{f}"] = {"tokens": int(t), "ms_granted": round(ms, 1), "grants": time_on.num_grants,
                                   "steps": time_on.num_steps, "tokens_per_s": round(t / ms * 1e3, 3) if ms else None}
         return {**super().stats(),
@@ -264,3 +242,85 @@ class SpatialController(Controller):
                 "co_run": co_run, "chooser": None if self.chooser is None else self.chooser.stats(),
                 "preemptions": self.num_preemptions,
                 "preempt_ms_max": round(self.max_preempt_ms, 3), "grow_requests": self.num_grow_requests}
+
+
+class UnitThread:
+    """The worker's runner: a thread that runs the job's units on the granted finetune partition back to back,
+    polling the job between them, from the grant until the revoke."""
+
+    def __init__(self, controller: SpatialController):
+        self.controller = controller
+        self._partition: tuple[int, int] | None = None
+        self._tokens = 0
+        self._job_lock = threading.Lock()
+        self._tokens_lock = threading.Lock()
+        self._wanted = threading.Event()
+        """The scheduler thread wants the job at the next unit boundary (memory work): no unit starts."""
+        self._granted_event = threading.Event()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run_units, name="harvest-finetune-units", daemon=True)
+        self._thread.start()
+
+    def grant(self, partition: tuple[int, int]) -> None:
+        self._partition = partition
+        self._granted_event.set()
+
+    def revoke(self) -> float:
+        """No unit starts from now; the ms waited for the one in flight."""
+        started = time.perf_counter()
+        self._partition = None
+        self._granted_event.clear()
+        with self._job_lock:
+            pass
+        return (time.perf_counter() - started) * 1e3
+
+    def take_tokens(self) -> int:
+        """The tokens trained on the partition since the last call."""
+        with self._tokens_lock:
+            tokens, self._tokens = self._tokens, 0
+        return tokens
+
+    @contextlib.contextmanager
+    def job_at_boundary(self, wait: bool):
+        """The job for the scheduler thread's own turn: at the next unit boundary. `wait`: block for the unit in
+        flight (a preemption); else yield False if one is in flight, and leave the request standing so the
+        thread stops at its boundary and a later turn finds it free."""
+        self._wanted.set()
+        if not self._job_lock.acquire(blocking=wait):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._wanted.clear()
+            self._job_lock.release()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._granted_event.set()
+
+    def _run_units(self) -> None:
+        while not self._closed.is_set():
+            partition = self._partition
+            if partition is None or self._wanted.is_set():
+                self._granted_event.wait(timeout=0.1) if partition is None else time.sleep(IDLE_POLL_S / 5)
+                continue
+            if not self._run_co_run_unit(partition):
+                time.sleep(IDLE_POLL_S)
+
+    def _run_co_run_unit(self, partition: tuple[int, int]) -> bool:
+        """One unit on `partition` while it is still granted and not wanted back; True if one ran."""
+        controller = self.controller
+        with self._job_lock:
+            if self._partition != partition or self._wanted.is_set():
+                return False
+            controller.job.poll()
+            if not controller.job.has_ready_work():
+                return False
+            with controller.partitions.finetune_context(*partition):
+                result = controller._run_unit(co_run=True)
+            if result is None:
+                return False
+            with self._tokens_lock:
+                self._tokens += result.num_trained_tokens
+            return True

@@ -10,8 +10,8 @@ recorded ratios of a Recording, recorded_device.py), so with no noise and no rec
 
 - separate: decode alone on every SM; the finetune job has a device of its own (HARLI SeparateMode).
 - static: a fixed split of SMs and memory, 60/40 by default (HARLI StaticMode); finetune always co-runs.
-- harvest: the worker's own controller and planner (harvest.colocation.Controller, predictor.SplitPlanner)
-  on a simulated clock and job (simulated_job.py), over the memory decode does not hold.
+- harvest: the worker's own controller and planner (SpatialController or TemporalController, SplitPlanner)
+  on a simulated clock, job and finetune partition (simulated_job.py), over the memory decode does not hold.
 - oracle (opt-in): per step the best candidate with the device's true latency; a yardstick, not a policy.
 - temporal: time slicing (FlexLLM / LLMStation style): decode alone on every SM, then as many whole
   finetune units as fit in the slack the profile predicts before the TPOT target.
@@ -24,14 +24,16 @@ import numpy as np
 
 from allocator.config import kv_reserve_slots
 from base.errors import HarvestError
-from harvest.colocation.controller import TemporalController
+from harvest.colocation.controller import TemporalController, unit_bound_ms
+from harvest.colocation.spatial_controller import SpatialController
 from harvest.replay.finetune_rates import FinetuneRates
 from harvest.replay.recorded_device import RecordedDecodeNoise, RecordedJob, Recording
 from harvest.replay.replay_config import DeviceMemory, ReplayConfig
 from harvest.replay.simulated_job import (
     SimClock,
     SimulatedJob,
-    SimulatedSpatialController,
+    SimulatedPartitions,
+    SimulatedUnitRunner,
 )
 from harvest.step_stats import DecodeStep, SloTracker
 from predictor import Profile, SplitPlanner
@@ -153,16 +155,19 @@ class HarvestPolicy(ColocationPolicy):
         self.clock = SimClock()
         margin = config.plan_margin if config.plan_margin > 0 else None
         self.planner = SplitPlanner(profile, config.tpot_slo_ms, plan_margin=margin)
+        # The worker's bound on a unit (FinetuneConfig.max_unit_ms), which the profile's units may be under.
+        self.unit_ms = min(rates.unit_ms, unit_bound_ms(config.tpot_slo_ms, self.planner.shortest_step_ms))
         if recording is not None:
             self.job = RecordedJob(self.clock, recording)
         else:
-            # The worker sizes units (max_unit_ms) from the profile to fit within its shortest decode step.
-            self.unit_ms = min(rates.unit_ms, self.planner.shortest_step_ms)
             self.job = make_job(self.clock, self.unit_ms, rates.whole_device_tokens_per_s)
         slo = SloTracker(config.tpot_slo_ms, window_steps=1000)
         source = f"profile {profile.device_name} (simulated device)"
         if self.model.has_colo:
-            self.controller = SimulatedSpatialController(self.job, self.planner, slo, source, rates.colo, self.clock)
+            self.planner.switch_ms = self.unit_ms / 2
+            runner = SimulatedUnitRunner(self.job, self.clock, rates.colo, self.unit_ms)
+            self.controller = SpatialController(self.job, self.planner, slo, SimulatedPartitions(self.full_sms),
+                                                source, runner=runner, clock=self.clock, loop_overhead_ms=0.0)
         else:
             self.controller = TemporalController(self.job, self.planner, slo, source, clock=self.clock,
                                                  loop_overhead_ms=0.0)
@@ -175,9 +180,9 @@ class HarvestPolicy(ColocationPolicy):
         decision = self.controller.decision
         decode_ms = self.device_ms(t_s, decision.infer_sms, decision.ft_sms, batch_size, num_kv_tokens / batch_size)
         self.clock.advance_ms(decode_ms)
-        step.latency_ms = decode_ms
+        step.latency_ms = step.preempt_ms + decode_ms  # a revoke waited on the clock for the unit in flight
         self.controller.after_step(step)
-        elapsed_ms = decode_ms + step.finetune_ms
+        elapsed_ms = step.latency_ms + step.finetune_ms
         ft_sms = decision.ft_sms if window else 0
         return (elapsed_ms, elapsed_ms + step.idle_wait_ms, decode_ms, decision.infer_sms, ft_sms,
                 step.finetune_tokens, ft_bytes, window)

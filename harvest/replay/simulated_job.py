@@ -1,19 +1,19 @@
 """The finetune job and the device as the worker's controller sees them, simulated: `harvest replay
 --simulate` runs the worker's own Controller and SplitPlanner against these, so what is simulated is the
-decision code that runs (only the device is made up: its clock, its unit times, its co-run throughput).
+decision code that runs (only the device is made up: its clock, its unit times, its co-run throughput, and
+the unit thread's units on a finetune partition: SimulatedUnitRunner).
 
 Units take the profile's unit time on the whole device and train at the profile's whole-device solo rate
 (the profile's finetune throughput; no noise: `latency_noise` is error between the profile's *decode*
-model and the device). Co-run units train at the profile's co-run rate on the finetune partition for
-the time decode runs beside them.
+model and the device). Co-run units train at the profile's co-run rate on the finetune partition for as
+long as it is granted.
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 
-from harvest.colocation.controller import Controller
 from harvest.colocation.finetune_job import FinetuneState
-from harvest.step_stats import DecodeStep
 
 
 class SimClock:
@@ -100,22 +100,69 @@ class SimulatedJob:
         pass
 
 
-class SimulatedSpatialController(Controller):
-    """SpatialController with the simulated device beside decode: co-run units train at the profile's
-    co-run rate on ft_sms for as long as the step ran (no streams, no thread)."""
+class SimulatedPartitions:
+    """The simulated device's partitions: SMs in name only (no thread is pinned, no stream made)."""
 
-    mode = "spatial"
+    granularity = 1
 
-    def __init__(self, job, planner, slo, planner_source: str, co_run_tokens_per_s, clock: SimClock):
-        super().__init__(job, planner, slo, planner_source, clock=clock, loop_overhead_ms=0.0)
+    def __init__(self, num_sms: int) -> None:
+        self.num_sms = num_sms
+
+    def decode_context(self, infer_sms: int, ft_sms: int):
+        return contextlib.nullcontext()
+
+    def decode_stream(self, infer_sms: int, ft_sms: int):
+        return None
+
+    def finetune_context(self, infer_sms: int, ft_sms: int):
+        return contextlib.nullcontext()
+
+    def whole_device_context(self):
+        return contextlib.nullcontext()
+
+
+class SimulatedUnitRunner:
+    """The worker's unit thread on the simulated device (SpatialController's runner): from its grant the job runs
+    units of `unit_ms` back to back on the partition, training at the profile's co-run rate there; a revoke
+    waits on the simulated clock for the unit in flight to end."""
+
+    def __init__(self, job, clock: SimClock, co_run_tokens_per_s, unit_ms: float) -> None:
+        self.job, self.clock = job, clock
         self._co_run_tokens_per_s = co_run_tokens_per_s
-        self._ft_sms = 0
+        self.unit_ms = unit_ms
+        self._partition: tuple[int, int] | None = None
+        self._granted_s = self._taken_s = 0.0
+        self._tokens = 0.0
 
-    def _start_co_run(self, decision, step: DecodeStep) -> None:
-        self._ft_sms = decision.ft_sms if self.job.has_ready_work() else 0
+    def grant(self, partition: tuple[int, int]) -> None:
+        self._partition = partition
+        self._granted_s = self._taken_s = self.clock()
 
-    def _end_co_run(self, step: DecodeStep) -> float:
-        if not self._ft_sms:
+    def revoke(self) -> float:
+        if self._partition is None:
             return 0.0
-        tokens = self._co_run_tokens_per_s(self._ft_sms) * step.latency_ms / 1e3
-        return self.job.co_run(step.latency_ms, tokens).num_trained_tokens
+        waited_ms = -((self.clock() - self._granted_s) * 1e3) % self.unit_ms
+        self.clock.advance_ms(waited_ms)
+        self._accrue()
+        self._partition = None
+        return waited_ms
+
+    def take_tokens(self) -> float:
+        self._accrue()
+        tokens, self._tokens = self._tokens, 0.0
+        return tokens
+
+    def job_at_boundary(self, wait: bool):
+        return contextlib.nullcontext(True)
+
+    def close(self) -> None:
+        self._partition = None
+
+    def _accrue(self) -> None:
+        """Account the partition's work since the last look as a unit of the job."""
+        now = self.clock()
+        if self._partition is not None and now > self._taken_s:
+            duration_ms = (now - self._taken_s) * 1e3
+            tokens = self._co_run_tokens_per_s(self._partition[1]) * duration_ms / 1e3
+            self._tokens += self.job.co_run(duration_ms, tokens).num_trained_tokens
+        self._taken_s = now
