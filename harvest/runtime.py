@@ -124,7 +124,7 @@ class HarvestRuntime:
         config = self.config
         if self.profile is None:
             return (partitions.pairs if config.partition_graph_sets else []), config.partition_graph_max_bs
-        planner = SplitPlanner(self.profile, config.tpot_slo_ms, pairs=partitions.pairs)
+        planner = _planner(config, self.profile, partitions.pairs)
         co_run_bs = defaultdict(list)                  # decode SMs -> the batches the planner co-runs on them
         for batch_size in capture_bs:
             for seq_len in (128.0, 1024.0, 4096.0):
@@ -167,12 +167,9 @@ class HarvestRuntime:
                 self.prepare_co_run_contexts(partitions)
             planner = _planner(self.config, self.profile,
                                None if partitions is None else self.planner_pairs(partitions))
-            job_config = _job_config(self.config, planner, device_index)
-            if planner is not None and partitions is not None:
-                planner.switch_ms = job_config.max_unit_ms / 2
             self.controller = _build_controller(self.config, self.profile, planner, partitions, self.lender,
                                                 JobSet(fair_share_quantum_ms=self.config.job_quantum_s * 1e3))
-            self.jobs = self._worker_jobs(job_config)
+            self.jobs = self._worker_jobs(_job_config(self.config, planner, device_index))
             initial = _initial_job(self.config.finetune)
             self._fleet_job = None if self.config.fleet is None else initial["name"]
             self.jobs.start(initial)
@@ -364,9 +361,20 @@ def _free_bytes(device: str) -> int:
 
 
 def _planner(config: ServeConfig, profile, pairs):
+    """`pairs`: the partitions a spatial worker forms (None: temporal), whose co-run steps' slices wait for the
+    partition's unit in flight: half a unit on average, which the planner weighs against each co-run."""
     if profile is None:
         return None
-    return SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
+    planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
+    if pairs is not None:
+        planner.switch_ms = _max_unit_ms(config, planner) / 2
+    return planner
+
+
+def _max_unit_ms(config: ServeConfig, planner) -> float:
+    if config.finetune is not None and config.finetune.max_unit_ms is not None:
+        return config.finetune.max_unit_ms
+    return unit_bound_ms(config.tpot_slo_ms, None if planner is None else planner.shortest_step_ms)
 
 
 def _job_config(config: ServeConfig, planner, device_index: int):
@@ -375,11 +383,7 @@ def _job_config(config: ServeConfig, planner, device_index: int):
     finetune_config = dataclasses.replace(config.finetune, yaml_path=None, resume=False)
     if finetune_config.device == "cuda":
         finetune_config = dataclasses.replace(finetune_config, device=f"cuda:{device_index}")
-    if finetune_config.max_unit_ms is None:
-        shortest_step_ms = None if planner is None else planner.shortest_step_ms
-        max_unit_ms = unit_bound_ms(config.tpot_slo_ms, shortest_step_ms)
-        finetune_config = dataclasses.replace(finetune_config, max_unit_ms=max_unit_ms)
-    return finetune_config
+    return dataclasses.replace(finetune_config, max_unit_ms=_max_unit_ms(config, planner))
 
 
 def _build_controller(config: ServeConfig, profile, planner, partitions, lender, job):
