@@ -50,7 +50,7 @@ def test_a_killed_decode_worker_leaves_the_fleet_serving_and_training(tmp_path):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     job = write_tiny_job(tmp_path, max_steps=100000, output_dir=str(tmp_path / "out"), publish_every_steps=1,
                          publish_name=ADAPTER)
-    ports = free_deploy_ports()
+    ports = free_deploy_ports(decode_workers=2)
     config = DeployConfig(
         model_path=str(tmp_path / "tiny-llama-2l"), log_dir=tmp_path / "logs", router_port=ports[0],
         router_metrics_port=ports[1], prefill_port=ports[2], bootstrap_port=ports[3], decode_port=ports[4],

@@ -117,13 +117,15 @@ class DeployConfig:
         return ports
 
 
-def free_deploy_ports() -> list[int]:
+def free_deploy_ports(decode_workers: int = 1) -> list[int]:
     # Decode worker K takes decode/admin port + K: free_ports keeps its ports more than 10 apart.
-    """Seven free ports for a deployment (router, metrics, prefill, bootstrap, decode, admin, first transfer
-    port), none of the first six inside the transfer ports' range."""
+    """Seven free ports for a deployment of `decode_workers` decode workers (router, metrics, prefill, bootstrap,
+    decode, admin, first transfer port), none of the ports it binds inside the transfer ports' range."""
+    num_transfer = (1 + decode_workers) * NUM_TRANSFER_PORTS
     while True:
         ports = free_ports(7)
-        if not any(ports[6] <= port < ports[6] + 2 * NUM_TRANSFER_PORTS for port in ports[:6]):
+        bound = [*ports[:4], *(ports[p] + k for p in (4, 5) for k in range(decode_workers))]
+        if not any(ports[6] <= port < ports[6] + num_transfer for port in bound):
             return ports
 
 
