@@ -134,15 +134,14 @@ class SpatialController(Controller):
 
     def _run_slice(self, step, started: float, budget_ms: float) -> tuple[bool, float]:
         """A planner's step is its co-run and then a slice on the whole device (what its finetune tokens count),
-        so the partition is taken back for a slice whose first unit fits after the wait for the unit in flight
-        (which the slice's time holds, the partition training meanwhile); with no planner, or one partition
-        pinned, the partition stays with the job between steps."""
+        so the partition is taken back for a slice where a unit fits after the wait for the one in flight (both
+        at the bound: the job is the runner's until then); the slice's time holds the wait, the partition training
+        meanwhile. With no planner, or one partition pinned, the partition stays with the job between steps."""
         if self._granted is not None:
             if self.planner is None or self.pinned is not None:
                 return False, 0.0
-            kind = self.job.next_unit_kind()
-            first_unit_ms = self.unit_times.estimate_ms(kind, self.job.max_unit_ms) + self.job.max_unit_ms
-            if first_unit_ms > budget_ms - self.slice_reserve_ms - (self.clock() - started) * 1e3:
+            room_ms = budget_ms - self.slice_reserve_ms - (self.clock() - started) * 1e3
+            if 2 * self.job.max_unit_ms > room_ms:
                 return False, 0.0
             self._revoke()
             self._partition = None
@@ -232,6 +231,7 @@ class SpatialController(Controller):
             t, ms = time_on.num_trained_tokens, time_on.granted_ms
             if (i, f) == granted:
                 ms += (self.clock() - granted_s) * 1e3
+                t += self.runner.pending_tokens()
             co_run[f"{i},{f}"] = {"tokens": int(t), "ms_granted": round(ms, 1), "grants": time_on.num_grants,
                                   "steps": time_on.num_steps, "tokens_per_s": round(t / ms * 1e3, 3) if ms else None}
         return {**super().stats(),
@@ -279,6 +279,10 @@ class UnitThread:
         with self._tokens_lock:
             tokens, self._tokens = self._tokens, 0
         return tokens
+
+    def pending_tokens(self) -> int:
+        """What take_tokens would return now (stats, from any thread)."""
+        return self._tokens
 
     @contextlib.contextmanager
     def job_at_boundary(self, wait: bool):

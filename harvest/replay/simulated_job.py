@@ -152,6 +152,9 @@ class SimulatedUnitRunner:
         tokens, self._tokens = self._tokens, 0.0
         return tokens
 
+    def pending_tokens(self) -> float:
+        return self._tokens
+
     def job_at_boundary(self, wait: bool):
         return contextlib.nullcontext(True)
 
