@@ -75,6 +75,8 @@ def test_units_run_on_the_finetune_cores_across_steps_and_decode_on_its_own():
     assert stats["co_run"]["1,1"]["tokens"] == 10 * len(co_run)
     assert stats["co_run"]["1,1"]["grants"] == 1, "the partition was handed back and forth between steps"
     assert stats["granted"] is None, "close() left the partition granted"
+    runner = stats["runner"]  # the co-run units' wall time, and how much of it the thread was on a core
+    assert runner["unit_ms"] >= len(co_run) * UNIT_MS and 0 < runner["unit_cpu_ms"] <= runner["unit_ms"] + 1.0
     # What `harvest profile --co-run` reads from these stats: the partition's rate.
     assert co_run_rates_by_ft(stats["co_run"])[1] > 0
     assert sorted(os.sched_getaffinity(0)) == CORES, "the scheduler thread's cores were not restored"

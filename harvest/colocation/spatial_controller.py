@@ -241,7 +241,8 @@ class SpatialController(Controller):
                 "granted": None if granted is None else list(granted),
                 "co_run": co_run, "chooser": None if self.chooser is None else self.chooser.stats(),
                 "preemptions": self.num_preemptions,
-                "preempt_ms_max": round(self.max_preempt_ms, 3), "grow_requests": self.num_grow_requests}
+                "preempt_ms_max": round(self.max_preempt_ms, 3), "grow_requests": self.num_grow_requests,
+                "runner": self.runner.stats()}
 
 
 class UnitThread:
@@ -258,6 +259,7 @@ class UnitThread:
         """The scheduler thread wants the job at the next unit boundary (memory work): no unit starts."""
         self._granted_event = threading.Event()
         self._closed = threading.Event()
+        self._unit_ms = self._unit_cpu_ms = 0.0
         self._thread = threading.Thread(target=self._run_units, name="harvest-finetune-units", daemon=True)
         self._thread.start()
 
@@ -303,6 +305,13 @@ class UnitThread:
         self._closed.set()
         self._granted_event.set()
 
+    def stats(self) -> dict:
+        """The co-run units' time, and the share of it this thread was on a core: on a CPU host the rest is
+        waiting (for the interpreter lock, or for a core); on a GPU it includes waiting for the device."""
+        unit_ms = self._unit_ms
+        return {"unit_ms": round(unit_ms, 1), "unit_cpu_ms": round(self._unit_cpu_ms, 1),
+                "on_cpu": round(self._unit_cpu_ms / unit_ms, 4) if unit_ms else None}
+
     def _run_units(self) -> None:
         while not self._closed.is_set():
             partition = self._partition
@@ -322,7 +331,10 @@ class UnitThread:
             if not controller.job.has_ready_work():
                 return False
             with controller.partitions.finetune_context(*partition):
+                started, started_cpu = time.perf_counter(), time.thread_time()
                 result = controller._run_unit(co_run=True)
+                self._unit_ms += (time.perf_counter() - started) * 1e3
+                self._unit_cpu_ms += (time.thread_time() - started_cpu) * 1e3
             if result is None:
                 return False
             with self._tokens_lock:

@@ -155,6 +155,9 @@ class SimulatedUnitRunner:
     def pending_tokens(self) -> float:
         return self._tokens
 
+    def stats(self) -> None:
+        return None
+
     def job_at_boundary(self, wait: bool):
         return contextlib.nullcontext(True)
 
