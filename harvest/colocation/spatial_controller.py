@@ -69,8 +69,8 @@ class SpatialController(Controller):
         self._granted: tuple[int, int] | None = None
         """The finetune partition the runner may run units on; written by the scheduler thread only."""
         self._granted_s = 0.0
-        self._revoked_tokens = 0
-        """Trained on a partition until its revoke, not yet in a step's finetune_tokens."""
+        self._untallied_tokens = 0
+        """Trained on partitions and taken from the runner, not yet in a step's finetune_tokens."""
         self._co_run: dict[tuple[int, int], PartitionTime] = {}
         self.max_preempt_ms = 0.0
         self.num_preemptions = 0
@@ -123,14 +123,19 @@ class SpatialController(Controller):
             self.chooser.skip()  # a step pinned through the admin API, or one whose job had no ready work
 
     def _end_co_run(self, step) -> int:
-        tokens, self._revoked_tokens = self._revoked_tokens, 0
         if self._granted is not None:
             time_on = self._co_run[self._granted]
             time_on.num_steps += 1
-            trained = self.runner.take_tokens()
-            time_on.num_trained_tokens += trained
-            tokens += trained
+            self._take_tokens(time_on)
+        tokens, self._untallied_tokens = self._untallied_tokens, 0
         return tokens
+
+    def _take_tokens(self, time_on: PartitionTime) -> None:
+        """What the runner trained on the granted partition since the last look: into its record, and into the
+        next step's finetune tokens."""
+        trained = self.runner.take_tokens()
+        time_on.num_trained_tokens += trained
+        self._untallied_tokens += trained
 
     def _run_slice(self, step, started: float, budget_ms: float) -> tuple[bool, float]:
         """A planner's step is its co-run and then a slice on the whole device (what its finetune tokens count),
@@ -172,10 +177,8 @@ class SpatialController(Controller):
             return 0.0
         self._granted = None
         waited_ms = self.runner.revoke()
-        trained = self.runner.take_tokens()
-        self._revoked_tokens += trained
         time_on = self._co_run[granted]
-        time_on.num_trained_tokens += trained
+        self._take_tokens(time_on)
         time_on.granted_ms += (self.clock() - self._granted_s) * 1e3
         self.num_preemptions += 1
         self.max_preempt_ms = max(self.max_preempt_ms, waited_ms)
