@@ -362,12 +362,12 @@ def _free_bytes(device: str) -> int:
 
 def _planner(config: ServeConfig, profile, pairs):
     """`pairs`: the partitions a spatial worker forms (None: temporal), whose co-run steps' slices wait for the
-    partition's unit in flight: half a unit on average, which the planner weighs against each co-run."""
+    partition's unit in flight, which the planner weighs against each co-run (SplitPlanner.expect_switch)."""
     if profile is None:
         return None
     planner = SplitPlanner(profile, config.tpot_slo_ms, pairs=pairs)
     if pairs is not None:
-        planner.switch_ms = _max_unit_ms(config, planner) / 2
+        planner.expect_switch(_max_unit_ms(config, planner))
     return planner
 
 

@@ -147,10 +147,15 @@ class SplitPlanner:
         self._full_margin = self.margin((self._full_sms, 0))
         self.switch_ms = 0.0
         """The expected wait for the finetune partition's unit in flight when the slice after a co-run step takes
-        the device back (half the unit bound; the worker sets it): the slice trains that long at the partition's
-        co-run rate instead of the whole device's. Within a row a candidate is still picked on its loss per solo
-        ms alone (as cheap as before); the whole device is weighed against it with this cost in."""
+        the device back (expect_switch sets it): the slice trains that long at the partition's co-run rate instead
+        of the whole device's. Within a row a candidate is still picked on its loss per solo ms alone (as cheap as
+        before); the whole device is weighed against it with this cost in."""
         self._refresh_rows()
+
+    def expect_switch(self, unit_ms: float) -> None:
+        """Co-run units last up to `unit_ms` (the job's unit bound): a slice taking the partition back finds one
+        in flight, half done on average."""
+        self.switch_ms = unit_ms / 2
 
     def _refresh_rows(self) -> None:
         """Recompute every candidate: the device-wide margin, which unmeasured partitions use, moved."""

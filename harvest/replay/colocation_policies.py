@@ -164,7 +164,7 @@ class HarvestPolicy(ColocationPolicy):
         slo = SloTracker(config.tpot_slo_ms, window_steps=1000)
         source = f"profile {profile.device_name} (simulated device)"
         if self.model.has_colo:
-            self.planner.switch_ms = self.unit_ms / 2
+            self.planner.expect_switch(self.unit_ms)
             runner = SimulatedUnitRunner(self.job, self.clock, rates.colo, self.unit_ms)
             self.controller = SpatialController(self.job, self.planner, slo, SimulatedPartitions(self.full_sms),
                                                 source, runner=runner, clock=self.clock, loop_overhead_ms=0.0)
