@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.bench.colocate import CORE_PROFILE, ROWS
+from harvest.bench.colocate import CORE_PROFILE, ROWS, _partition_rates
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
 
@@ -60,6 +60,13 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
     leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
                  if any(str(tmp_path) in arg or str(tiny_model_dir) in arg for arg in p.info["cmdline"] or [])]
     assert not leftovers
+
+
+def test_a_partitions_rate_is_over_the_replay_not_the_workers_life():
+    before = {"1,1": {"tokens": 900, "ms_granted": 30000.0}}
+    after = {"1,1": {"tokens": 1500, "ms_granted": 40000.0}, "1,3": {"tokens": 40, "ms_granted": 500.0}}
+    # 600 tokens in the 10 s held during the replay; a partition held under a second has no rate
+    assert _partition_rates(before, after) == {"1,1": 60.0, "1,3": None}
 
 
 def test_a_child_started_to_stop_with_its_parent_stops_when_the_parent_is_killed(tmp_path):

@@ -240,6 +240,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
         elif row.startswith("harvest-"):
             wait_job_steps(worker.admin_url, args.warmup_steps, args.start_timeout_s)
         replay = LiveReplay(worker.url, worker.admin_url, args.tpot_ms, args.concurrency, drain_s=args.drain_s)
+        co_run_before = _co_run(read_stats(worker.admin_url)) if row.startswith("harvest-") else {}
         replay_start_wall_s = time.time()
         results = replay.run(trace)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -255,8 +256,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
             (run_dir / "worker_stats.json").write_text(json.dumps(stats, indent=1))
             base_weights = (stats.get("finetune") or {}).get("base_weights") or {}
             colocation = stats.get("colocation") or {}
-            # Where the job held a finetune partition: its tokens over the time it held it (the partition's rate).
-            co_run = {partition: entry.get("tokens_per_s") for partition, entry in (colocation.get("co_run") or {}).items()}
+            co_run = _partition_rates(co_run_before, _co_run(stats))
             # Where the worker chose its split live: the phases each split ran (the worker's whole life).
             chooser = colocation.get("chooser")
             splits = None if chooser is None else {name: e["phases"] for name, e in chooser["splits"].items()}
@@ -291,6 +291,21 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
         "replay_results": str(run_dir / "replay.json"),
         "worker_log": str(worker.log_path),
     }
+
+
+def _co_run(stats: dict) -> dict:
+    return (stats.get("colocation") or {}).get("co_run") or {}
+
+
+def _partition_rates(before: dict, after: dict) -> dict:
+    """Where the job held a finetune partition during the replay: its tokens over the time it held it then (the
+    partition's rate, over the same window as the trainer's; None where it held it less than a second)."""
+    rates = {}
+    for partition, entry in after.items():
+        start = before.get(partition, {})
+        ms = entry["ms_granted"] - start.get("ms_granted", 0.0)
+        rates[partition] = round((entry["tokens"] - start.get("tokens", 0)) / ms * 1e3, 3) if ms >= 1e3 else None
+    return rates
 
 
 def bench_worker(serve_flags: tuple[str, ...], run_dir: Path, cpus: tuple[int, ...] | None) -> WorkerProcess:
