@@ -38,6 +38,7 @@ from rich.table import Table
 
 from base.errors import HarvestError
 from harvest.bench import device_name
+from harvest.bench.flags import add_replay_arguments, add_worker_arguments
 from harvest.bench.trainer_process import TrainerProcess, cpu_halves
 from harvest.models import resolve_model_path
 from harvest.worker.client import read_stats
@@ -66,36 +67,24 @@ _WINDOW = re.compile(r"^(\w+)=([^:]+):([\d.]+s?)\+([\d.]+s?)$")
 JOB_POLL_S = 1.0
 
 
-def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
-    """The live-replay flags every worker-driving bench shares (this one and `bench fleet`)."""
-    parser.add_argument("--max-context-tokens", type=int, default=256)
-    parser.add_argument("--max-generated-tokens", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, default=8, help="most requests in flight per worker (default 8)")
-    parser.add_argument("--tpot-ms", type=float, default=300.0, help="TPOT target in ms (default 300, as the demo)")
-    parser.add_argument("--drain-s", type=float, default=120.0)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", action="append", default=None, metavar="NAME=TRACE:START+LENGTH",
                         help=f"a trace window to replay (repeatable; default {' '.join(DEFAULT_WINDOWS)})")
     parser.add_argument("--rate-scale", default="0.1",
                         help="replay rate scale (default 0.1, as the demo); comma-separated: a load sweep, every "
                              "window at each scale (its rows named WINDOW@SCALE)")
+    add_worker_arguments(parser, log_dir="runs/bench-colocate")
     add_replay_arguments(parser)
     parser.add_argument("--repeats", type=int, default=2, help="repeats per window; odd ones reverse the row order")
     parser.add_argument("--rows", default="all", help=f"comma-separated row ids: {','.join(ROWS)} (default all)")
     parser.add_argument("--job", default=None, help="LlamaFactory YAML (default: the demo job)")
-    parser.add_argument("--model-path", default=None, help="HF model dir (default: embedded SmolLM2-135M)")
     parser.add_argument("--warmup-steps", type=int, default=1,
                         help="optimizer steps the job or trainer has done before a replay starts (default 1)")
-    parser.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool tokens (SGLang flag)")
     parser.add_argument("--dtype", default="auto",
                         help="every decode worker's serving dtype (SGLang flag; float32 on a CPU: the job computes "
                              "on the served weights, one copy)")
     parser.add_argument("--profile", default=str(CORE_PROFILE),
                         help="the spatial row's co-run profile (default: the shipped one of a 2-core CPU host)")
-    parser.add_argument("--start-timeout-s", type=float, default=600.0)
-    parser.add_argument("--log-dir", default="runs/bench-colocate", help="worker and trainer logs")
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -28,13 +28,13 @@ from rich.table import Table
 from base.errors import HarvestError
 from harvest.bench import device_name
 from harvest.bench.colocate import (
-    add_replay_arguments,
     bench_job,
     bench_worker,
     load_window,
     parse_window,
     wait_job_steps,
 )
+from harvest.bench.flags import add_replay_arguments, add_worker_arguments
 from harvest.bench.trainer_process import cpu_halves
 from harvest.deploy.fleet_lighthouse import lighthouse_process, start_lighthouse
 from harvest.models import resolve_model_path
@@ -49,16 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", default="steady=conv:17s+12s", metavar="NAME=TRACE:START+LENGTH",
                         help="the trace window every row replays (default steady=conv:17s+12s)")
     parser.add_argument("--rate-scale", type=float, default=0.1, help="replay rate scale (default 0.1)")
+    add_worker_arguments(parser, log_dir="runs/bench-fleet")
     add_replay_arguments(parser)
     parser.add_argument("--round-s", type=float, default=2.0, help="the fleet's round period (default 2 s)")
     parser.add_argument("--repeats", type=int, default=2, help="repeats; odd ones reverse the row order")
     parser.add_argument("--job", default=None, help="LlamaFactory YAML (default: the demo job)")
-    parser.add_argument("--model-path", default=None, help="HF model dir (default: embedded SmolLM2-135M)")
     parser.add_argument("--warmup-steps", type=int, default=1)
-    parser.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool tokens (SGLang flag)")
     parser.add_argument("--dtype", default="auto", help="every worker's serving dtype (SGLang flag)")
-    parser.add_argument("--start-timeout-s", type=float, default=600.0)
-    parser.add_argument("--log-dir", default="runs/bench-fleet", help="worker logs")
 
 
 def run(args: argparse.Namespace) -> dict:

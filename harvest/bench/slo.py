@@ -28,6 +28,7 @@ from rich.table import Table
 
 from base.errors import HarvestError
 from harvest.bench import device_name
+from harvest.bench.flags import add_replay_arguments, add_worker_arguments
 from harvest.models import resolve_model_path
 from harvest.step_stats import MISS_CAUSES, miss_cause
 from harvest.worker.client import read_last_step_seq, read_stats, read_steps_since, wait_for_stats
@@ -37,7 +38,9 @@ JOB_WAIT_S = 600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-path", default=None, help="HF model dir (default: embedded SmolLM2-135M)")
+    add_worker_arguments(parser, log_dir="runs/bench-slo")
+    add_replay_arguments(parser, with_target=False)
+    parser.set_defaults(max_generated_tokens=48, concurrency=16)
     parser.add_argument("--trace", default="conv", help="trace name (default conv)")
     parser.add_argument("--window-start-s", type=float, default=600.0)
     parser.add_argument("--window-s", type=float, default=90.0, help="seconds of the replay (default 90)")
@@ -45,18 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference-step-ms", type=float, default=30.0,
                         help="the batch-1 decode step (median) of the hosts --rate-scale was set on; a slower "
                              "host replays at a rate scaled down by as much (0: no scaling)")
-    parser.add_argument("--max-context-tokens", type=int, default=256)
-    parser.add_argument("--max-generated-tokens", type=int, default=48)
-    parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--target-over-p99", type=float, default=1.5,
                         help="the TPOT target as a multiple of decode alone's p99 step (default 1.5)")
     parser.add_argument("--epoch-samples", type=int, default=8,
                         help="samples the job trains on, so the loss is compared over the same ones (default 8)")
     parser.add_argument("--publish-every-steps", type=int, default=0,
                         help="the job publishes its adapter into the worker every N optimizer steps (0: never)")
-    parser.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool tokens (SGLang flag)")
-    parser.add_argument("--start-timeout-s", type=float, default=600.0)
-    parser.add_argument("--log-dir", default="runs/bench-slo", help="worker logs, the job's output, step records")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -215,7 +212,7 @@ def _replay(worker: WorkerProcess, args: argparse.Namespace, rate_scale: float, 
     from harvest.replay.live_replay import LiveReplay
 
     since = read_last_step_seq(worker.admin_url)
-    LiveReplay(worker.url, worker.admin_url, tpot_slo_ms, max_concurrency=args.concurrency).run(
+    LiveReplay(worker.url, worker.admin_url, tpot_slo_ms, args.concurrency, drain_s=args.drain_s).run(
         _trace(args, rate_scale))
     return read_steps_since(worker.admin_url, since)
 
