@@ -121,6 +121,16 @@ def test_the_partition_stays_with_the_unit_thread_and_changes_hands_only_at_unit
         lender.is_growth_wanted = False
         assert job.started.acquire(timeout=LIVENESS_S), "units did not resume after the growth"
 
+        # A growth asked for and no longer wanted at the next turn is withdrawn: units go on without it.
+        lender.is_growth_wanted = True
+        assert finishes(call(between_steps, steps[1]))
+        assert controller.num_grow_requests == 2
+        lender.is_growth_wanted = False
+        job.permits.release()
+        assert finishes(call(between_steps, steps[1]))
+        assert job.started.acquire(timeout=LIVENESS_S), "a withdrawn request still held off the units"
+        assert lender.rebalances == [False]
+
         # Decode needs its KV back: the rebalance waits for the unit in flight (a preemption).
         lender.is_reclaim_needed = True
         reclaim = call(between_steps, steps[2])
@@ -143,10 +153,10 @@ def test_the_partition_stays_with_the_unit_thread_and_changes_hands_only_at_unit
         controller.close()
         for _ in range(4):
             job.permits.release()
-    assert job.units == [UNIT_THREAD] * 3
+    assert job.units == [UNIT_THREAD] * 4
     assert all(not in_unit for name, in_unit in job.polls if name != UNIT_THREAD), \
         "the scheduler thread polled the job while a unit ran"
     assert any(name == UNIT_THREAD for name, _ in job.polls), "the unit thread never polled the job it held"
     stats = controller.stats()
-    assert stats["co_run"]["1,1"]["grants"] == 1 and stats["co_run"]["1,1"]["tokens"] == 30
+    assert stats["co_run"]["1,1"]["grants"] == 1 and stats["co_run"]["1,1"]["tokens"] == 40
     assert stats["preemptions"] == 2 and stats["granted"] is None

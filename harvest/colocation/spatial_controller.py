@@ -201,6 +201,7 @@ class SpatialController(Controller):
                     self.num_grow_requests += 1
                     return False
                 return super()._rebalance_memory(kv_demand_slots, can_grow)
+        self.runner.withdraw()  # a growth asked for at an earlier turn is not wanted now: units go on
         return False
 
     def on_idle(self, kv_demand_slots: int = 0) -> int:
@@ -303,6 +304,12 @@ class UnitThread:
         finally:
             self._wanted.clear()
             self._job_lock.release()
+
+    def withdraw(self) -> None:
+        """Take back a request job_at_boundary(wait=False) left standing (the scheduler thread no longer wants
+        the job), so the thread does not hold off its units for a turn that will not come. Scheduler thread only,
+        outside job_at_boundary."""
+        self._wanted.clear()
 
     def close(self) -> None:
         self._closed.set()

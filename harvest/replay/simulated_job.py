@@ -161,6 +161,9 @@ class SimulatedUnitRunner:
     def job_at_boundary(self, wait: bool):
         return contextlib.nullcontext(True)
 
+    def withdraw(self) -> None:
+        pass
+
     def close(self) -> None:
         self._partition = None
 
