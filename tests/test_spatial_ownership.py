@@ -160,3 +160,30 @@ def test_the_partition_stays_with_the_unit_thread_and_changes_hands_only_at_unit
     stats = controller.stats()
     assert stats["co_run"]["1,1"]["grants"] == 1 and stats["co_run"]["1,1"]["tokens"] == 40
     assert stats["preemptions"] == 2 and stats["granted"] is None
+
+
+def test_the_scheduler_thread_stays_on_decode_cores_from_grant_to_revoke():
+    """Not only its forwards: between them the scheduler thread would otherwise run on the job's cores."""
+    job = GatedJob()
+    controller = SpatialController(job, None, SloTracker(1000.0, 100), CorePartitions([(1, 1), (2, 0)], CORES[:2]),
+                                   "test", pinned=(1, 1))
+    seen = []
+
+    def scheduler():
+        before = os.sched_getaffinity(0)
+        controller.before_step(DecodeStep(0, 1, 10, 0.0))
+        seen.append(os.sched_getaffinity(0))  # between forwards, the partition granted
+        controller.pinned = (2, 0)
+        job.permits.release()
+        controller.before_step(DecodeStep(1, 1, 10, 0.0))  # the device taken back
+        seen.append(os.sched_getaffinity(0))
+        seen.append(before)
+
+    try:
+        assert finishes(call(scheduler))
+    finally:
+        controller.close()
+        for _ in range(2):
+            job.permits.release()
+    granted, revoked, before = seen
+    assert granted == {CORES[0]} and revoked == before

@@ -26,6 +26,7 @@ what the co-run model (stage 2) predicts and the online correction and margin le
 """
 
 import contextlib
+import ctypes
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from harvest.colocation.finetune_job import FinetuneState
 
 IDLE_POLL_S = 0.005
 """How often the unit thread looks again at a job with no ready work while it holds a grant."""
+PR_SET_NAME = 15
+"""prctl(2): set the calling thread's name (15 bytes)."""
 
 
 @dataclass(slots=True)
@@ -76,6 +79,8 @@ class SpatialController(Controller):
         self.num_preemptions = 0
         self.num_grow_requests = 0
         self.runner = UnitThread(self) if runner is None else runner
+        self._decode_side = contextlib.ExitStack()
+        """The scheduler thread on decode's side of the granted partition (CPU cores), from grant to revoke."""
 
     def decode_stream_context(self):
         """Where the scheduler thread runs the step: the inference partition's cores on a CPU host (on a GPU
@@ -168,6 +173,9 @@ class SpatialController(Controller):
     def _grant(self, partition: tuple[int, int]) -> None:
         self._granted, self._granted_s = partition, self.clock()
         self._co_run.setdefault(partition, PartitionTime()).num_grants += 1
+        # The scheduler thread's whole loop stays on decode's cores while the job holds the rest, not only its
+        # forwards: between them (batching, results, requests) it would otherwise run on the job's cores.
+        self._decode_side.enter_context(self.partitions.decode_context(*partition))
         self.runner.grant(partition)
 
     def _revoke(self) -> float:
@@ -177,6 +185,7 @@ class SpatialController(Controller):
             return 0.0
         self._granted = None
         waited_ms = self.runner.revoke()
+        self._decode_side.close()
         time_on = self._co_run[granted]
         self._take_tokens(time_on)
         time_on.granted_ms += (self.clock() - self._granted_s) * 1e3
@@ -323,6 +332,7 @@ class UnitThread:
                 "on_cpu": round(self._unit_cpu_ms / unit_ms, 4) if unit_ms else None}
 
     def _run_units(self) -> None:
+        _name_os_thread(self._thread.name)
         while not self._closed.is_set():
             partition = self._partition
             if partition is None or self._wanted.is_set():
@@ -350,3 +360,9 @@ class UnitThread:
             with self._tokens_lock:
                 self._tokens += result.num_trained_tokens
             return True
+
+
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread its name in the OS too (top -H, perf, /proc): Python names it for itself only."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
