@@ -62,10 +62,15 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
     assert not leftovers
 
 
-def test_a_partitions_rate_is_over_the_replay_not_the_workers_life():
-    before = {"1,1": {"tokens": 900, "ms_granted": 30000.0}}
-    after = {"1,1": {"tokens": 1500, "ms_granted": 40000.0}, "1,3": {"tokens": 40, "ms_granted": 500.0}}
-    # 600 tokens in the 10 s held during the replay; a partition held under a second has no rate
+def test_a_partitions_rate_is_its_work_over_the_replay_not_the_workers_life():
+    def stats(job_tokens, job_work, co_run):
+        return {"finetune": {"tokens": job_tokens}, "colocation": {"unit_tokens": job_work, "co_run": co_run}}
+
+    before = stats(500, 50_000, {"1,1": {"tokens": 900, "unit_tokens": 30_000, "ms_granted": 30000.0}})
+    after = stats(1000, 100_000, {"1,1": {"tokens": 1000, "unit_tokens": 90_000, "ms_granted": 40000.0},
+                                  "1,3": {"tokens": 40, "unit_tokens": 4000, "ms_granted": 500.0}})
+    # 60000 tokens through units in the 10 s held during the replay, at the job's 100 units a trained token; the
+    # trained tokens counted there (100) are left out; a partition held under a second has no rate
     assert _partition_rates(before, after) == {"1,1": 60.0, "1,3": None}
 
 

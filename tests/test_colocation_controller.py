@@ -190,7 +190,7 @@ def test_the_simulated_partition_trains_while_granted_and_a_revoke_waits_for_the
     assert step.preempt_ms == pytest.approx(3.0)
     assert step.finetune_tokens == pytest.approx(1200.0 * 3.0 / 1e3), "the unit in flight ran to its end"
     co_run = controller.stats()["co_run"]["120,12"]
-    assert co_run["ms_granted"] == pytest.approx(10.0) and co_run["tokens"] == 12
+    assert co_run["ms_granted"] == pytest.approx(10.0) and co_run["tokens"] == co_run["unit_tokens"] == 12
     assert controller.stats()["preempt_ms_max"] == pytest.approx(3.0)
 
 

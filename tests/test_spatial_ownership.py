@@ -158,7 +158,7 @@ def test_the_partition_stays_with_the_unit_thread_and_changes_hands_only_at_unit
         "the scheduler thread polled the job while a unit ran"
     assert any(name == UNIT_THREAD for name, _ in job.polls), "the unit thread never polled the job it held"
     stats = controller.stats()
-    assert stats["co_run"]["1,1"]["grants"] == 1 and stats["co_run"]["1,1"]["tokens"] == 40
+    assert stats["co_run"]["1,1"]["grants"] == 1 and stats["co_run"]["1,1"]["tokens"] == stats["co_run"]["1,1"]["unit_tokens"] == 40
     assert stats["preemptions"] == 2 and stats["granted"] is None
 
 

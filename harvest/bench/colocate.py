@@ -229,7 +229,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
         elif row.startswith("harvest-"):
             wait_job_steps(worker.admin_url, args.warmup_steps, args.start_timeout_s)
         replay = LiveReplay(worker.url, worker.admin_url, args.tpot_ms, args.concurrency, drain_s=args.drain_s)
-        co_run_before = _co_run(read_stats(worker.admin_url)) if row.startswith("harvest-") else {}
+        stats_before = read_stats(worker.admin_url) if row.startswith("harvest-") else {}
         replay_start_wall_s = time.time()
         results = replay.run(trace)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -245,7 +245,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
             (run_dir / "worker_stats.json").write_text(json.dumps(stats, indent=1))
             base_weights = (stats.get("finetune") or {}).get("base_weights") or {}
             colocation = stats.get("colocation") or {}
-            co_run = _partition_rates(co_run_before, _co_run(stats))
+            co_run = _partition_rates(stats_before, stats)
             # Where the worker chose its split live: the phases each split ran (the worker's whole life).
             chooser = colocation.get("chooser")
             splits = None if chooser is None else {name: e["phases"] for name, e in chooser["splits"].items()}
@@ -282,18 +282,19 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
     }
 
 
-def _co_run(stats: dict) -> dict:
-    return (stats.get("colocation") or {}).get("co_run") or {}
-
-
 def _partition_rates(before: dict, after: dict) -> dict:
-    """Where the job held a finetune partition during the replay: its tokens over the time it held it then (the
-    partition's rate, over the same window as the trainer's; None where it held it less than a second)."""
+    """Where the job held a finetune partition during the replay: the trained tokens/s of its work there, over
+    the time it held it then (the same window as the trainer's; None where it held it under a second). Its work
+    is the tokens through its units there, in trained tokens at the job's own ratio of the two: a micro-batch's
+    tokens are counted at its embedding, which may run elsewhere, so counting them would lump the rate."""
+    job_tokens = (after.get("finetune") or {}).get("tokens") or 0
+    job_work = (after.get("colocation") or {}).get("unit_tokens") or 0
     rates = {}
-    for partition, entry in after.items():
-        start = before.get(partition, {})
+    for partition, entry in ((after.get("colocation") or {}).get("co_run") or {}).items():
+        start = ((before.get("colocation") or {}).get("co_run") or {}).get(partition, {})
         ms = entry["ms_granted"] - start.get("ms_granted", 0.0)
-        rates[partition] = round((entry["tokens"] - start.get("tokens", 0)) / ms * 1e3, 3) if ms >= 1e3 else None
+        work = entry["unit_tokens"] - start.get("unit_tokens", 0)
+        rates[partition] = round(work * job_tokens / job_work / ms * 1e3, 3) if ms >= 1e3 and job_work else None
     return rates
 
 

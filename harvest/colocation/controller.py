@@ -363,6 +363,7 @@ class Controller:
             "slice_reserve_ms": round(self.slice_reserve_ms, 3),
             "units_in_slack": self.num_units_in_slack,
             "units_idle": self.num_units_idle,
+            "unit_tokens": self.unit_tokens,
             "finetune_ms_in_slack": round(self.finetune_ms_in_slack, 1),
             "reaction": self.reaction_stats(),
             "unit_ms": self.unit_time_stats(),

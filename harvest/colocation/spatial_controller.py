@@ -45,6 +45,8 @@ class PartitionTime:
     """What the job did on one finetune partition (stats `co_run`)."""
 
     num_trained_tokens: float = 0
+    num_unit_tokens: float = 0
+    """Tokens through its units (Controller.unit_tokens): the work done there, not lumped at embeddings."""
     granted_ms: float = 0.0
     """Held by the job, closed grants only (stats adds the open one's time so far)."""
     num_grants: int = 0
@@ -131,15 +133,16 @@ class SpatialController(Controller):
         if self._granted is not None:
             time_on = self._co_run[self._granted]
             time_on.num_steps += 1
-            self._take_tokens(time_on)
+            self._take_work(time_on)
         tokens, self._untallied_tokens = self._untallied_tokens, 0
         return tokens
 
-    def _take_tokens(self, time_on: PartitionTime) -> None:
+    def _take_work(self, time_on: PartitionTime) -> None:
         """What the runner trained on the granted partition since the last look: into its record, and into the
         next step's finetune tokens."""
-        trained = self.runner.take_tokens()
+        trained, work = self.runner.take_work()
         time_on.num_trained_tokens += trained
+        time_on.num_unit_tokens += work
         self._untallied_tokens += trained
 
     def _run_slice(self, step, started: float, budget_ms: float) -> tuple[bool, float]:
@@ -187,7 +190,7 @@ class SpatialController(Controller):
         waited_ms = self.runner.revoke()
         self._decode_side.close()
         time_on = self._co_run[granted]
-        self._take_tokens(time_on)
+        self._take_work(time_on)
         time_on.granted_ms += (self.clock() - self._granted_s) * 1e3
         self.num_preemptions += 1
         self.max_preempt_ms = max(self.max_preempt_ms, waited_ms)
@@ -241,11 +244,13 @@ class SpatialController(Controller):
         granted, granted_s = self._granted, self._granted_s
         co_run = {}
         for (i, f), time_on in list(self._co_run.items()):
-            t, ms = time_on.num_trained_tokens, time_on.granted_ms
+            t, w, ms = time_on.num_trained_tokens, time_on.num_unit_tokens, time_on.granted_ms
             if (i, f) == granted:
                 ms += (self.clock() - granted_s) * 1e3
-                t += self.runner.pending_tokens()
-            co_run[f"{i},{f}"] = {"tokens": int(t), "ms_granted": round(ms, 1), "grants": time_on.num_grants,
+                pending_t, pending_w = self.runner.pending_work()
+                t, w = t + pending_t, w + pending_w
+            co_run[f"{i},{f}"] = {"tokens": int(t), "unit_tokens": int(w), "ms_granted": round(ms, 1),
+                                  "grants": time_on.num_grants,
                                   "steps": time_on.num_steps, "tokens_per_s": round(t / ms * 1e3, 3) if ms else None}
         return {**super().stats(),
                 "partitions": {"kind": type(self.partitions).__name__, "num_units": self.partitions.num_sms,
@@ -265,7 +270,7 @@ class UnitThread:
     def __init__(self, controller: SpatialController):
         self.controller = controller
         self._partition: tuple[int, int] | None = None
-        self._tokens = 0
+        self._tokens = self._unit_tokens = 0
         self._job_lock = threading.Lock()
         self._tokens_lock = threading.Lock()
         self._wanted = threading.Event()
@@ -289,15 +294,15 @@ class UnitThread:
             pass
         return (time.perf_counter() - started) * 1e3
 
-    def take_tokens(self) -> int:
-        """The tokens trained on the partition since the last call."""
+    def take_work(self) -> tuple[int, int]:
+        """(tokens trained, tokens through units) on the partition since the last call."""
         with self._tokens_lock:
-            tokens, self._tokens = self._tokens, 0
-        return tokens
+            work, self._tokens, self._unit_tokens = (self._tokens, self._unit_tokens), 0, 0
+        return work
 
-    def pending_tokens(self) -> int:
-        """What take_tokens would return now (stats, from any thread)."""
-        return self._tokens
+    def pending_work(self) -> tuple[int, int]:
+        """What take_work would return now (stats, from any thread)."""
+        return self._tokens, self._unit_tokens
 
     @contextlib.contextmanager
     def job_at_boundary(self, wait: bool):
@@ -359,6 +364,7 @@ class UnitThread:
                 return False
             with self._tokens_lock:
                 self._tokens += result.num_trained_tokens
+                self._unit_tokens += result.num_tokens
             return True
 
 

@@ -132,7 +132,7 @@ class SimulatedUnitRunner:
         self.unit_ms = unit_ms
         self._partition: tuple[int, int] | None = None
         self._granted_s = self._taken_s = 0.0
-        self._tokens = 0.0
+        self._tokens = self._unit_tokens = 0.0
 
     def grant(self, partition: tuple[int, int]) -> None:
         self._partition = partition
@@ -147,13 +147,13 @@ class SimulatedUnitRunner:
         self._partition = None
         return waited_ms
 
-    def take_tokens(self) -> float:
+    def take_work(self) -> tuple[float, float]:
         self._accrue()
-        tokens, self._tokens = self._tokens, 0.0
-        return tokens
+        work, self._tokens, self._unit_tokens = (self._tokens, self._unit_tokens), 0.0, 0.0
+        return work
 
-    def pending_tokens(self) -> float:
-        return self._tokens
+    def pending_work(self) -> tuple[float, float]:
+        return self._tokens, self._unit_tokens
 
     def stats(self) -> None:
         return None
@@ -173,5 +173,7 @@ class SimulatedUnitRunner:
         if self._partition is not None and now > self._taken_s:
             duration_ms = (now - self._taken_s) * 1e3
             tokens = self._co_run_tokens_per_s(self._partition[1]) * duration_ms / 1e3
-            self._tokens += self.job.co_run(duration_ms, tokens).num_trained_tokens
+            unit = self.job.co_run(duration_ms, tokens)
+            self._tokens += unit.num_trained_tokens
+            self._unit_tokens += unit.num_tokens
         self._taken_s = now
