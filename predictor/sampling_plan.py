@@ -40,8 +40,6 @@ class SamplingPlan:
     """Longest mean KV length per request to model."""
     max_kv_tokens: int | None = None
     """KV pool capacity in tokens; points with batch_size * seq_len above it are shortened."""
-    num_repeats: int = 5
-    """Timed decode steps per point (after warm-up); the profiler writes their median as the sample."""
     num_seq_levels: int = 3
     """Evenly spaced seq_len levels per batch size, from max_seq_len / 32 to max_seq_len (>= 2)."""
     num_held_out_per_partition: int = 2
@@ -57,8 +55,8 @@ class SamplingPlan:
             )
         if self.max_kv_tokens is not None and self.max_kv_tokens < 2:
             raise HarvestError(f"max_kv_tokens must be >= 2, got {self.max_kv_tokens}")
-        if self.num_repeats < 1 or self.num_colo_levels < 1:
-            raise HarvestError("num_repeats and num_colo_levels must be >= 1")
+        if self.num_colo_levels < 1:
+            raise HarvestError(f"num_colo_levels must be >= 1, got {self.num_colo_levels}")
         if self.num_seq_levels < 2:
             raise HarvestError(f"num_seq_levels must be >= 2, got {self.num_seq_levels}")
 

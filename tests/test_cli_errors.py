@@ -106,6 +106,13 @@ def test_profile_co_run_needs_a_finetune_job(harvest_cli, tmp_path):
     assert_one_line_error(result, "--co-run needs --finetune")
 
 
+@pytest.mark.parametrize("flag", ["--repeats", "--passes"])
+def test_profile_needs_a_timed_step_and_a_visit(harvest_cli, tmp_path, flag):
+    result = run_cli(harvest_cli, "profile", flag, "0", "--out", str(tmp_path / "p.json"))
+    assert_one_line_error(result, "--repeats and --passes must be >= 1")
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_profile_co_run_too_small_to_fit_stage_2_is_refused_before_any_worker(harvest_cli, tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("stage: sft\n")

@@ -98,6 +98,8 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
         raise HarvestError(f"--finetune {config.finetune!r}: no such file")
     if config.co_run and config.finetune is None:
         raise HarvestError("--co-run needs --finetune: the job that co-runs beside decode")
+    if config.repeats < 1 or config.passes < 1:
+        raise HarvestError(f"--repeats and --passes must be >= 1, got {config.repeats} and {config.passes}")
     device = local_device()
     if config.co_run:
         device.check_co_run()
@@ -108,7 +110,7 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
     grid = device.grid(config.co_run)
     max_kv_tokens = config.max_batch_size * (config.max_seq_len + 64)
     plan = SamplingPlan(grid, config.max_batch_size, config.max_seq_len, max_kv_tokens=max_kv_tokens,
-                        num_repeats=config.repeats, num_seq_levels=config.seq_levels,
+                        num_seq_levels=config.seq_levels,
                         num_held_out_per_partition=config.held_out)
     points, dropped_partitions = device.measurable(plan.points(), config.co_run)
     num_co_run_fit = sum(1 for p in points if p.ft_sms and not p.is_held_out)
