@@ -10,7 +10,14 @@ from conftest import AlwaysReadyJob
 
 from harvest.colocation.core_partitions import CorePartitions
 from harvest.colocation.spatial_controller import SpatialController
-from harvest.colocation.split_chooser import EXPLORE_EVERY, MIN_PHASE_STEPS, PHASE_S, SET_ASIDE_PHASES, SplitChooser
+from harvest.colocation.split_chooser import (
+    EXPLORE_EVERY,
+    MIN_PHASE_STEPS,
+    PHASE_S,
+    SET_ASIDE_PHASES,
+    WARMUP_PHASES,
+    SplitChooser,
+)
 from harvest.replay.simulated_job import SimulatedUnit
 from harvest.step_stats import DecodeStep, SloTracker
 
@@ -51,8 +58,8 @@ def test_each_split_is_measured_then_the_faster_one_runs_and_the_slower_is_tried
     chooser = SplitChooser([(2, 0), PAIR], clock)
     assert chooser.splits == [None, PAIR], "a pair without finetune units is the whole device's, not a split"
     chosen = run_phases(chooser, clock, lambda split, phase: 60.0 if split == PAIR else 30.0, 200, noise=0.2)
-    assert chosen[:2] == [None, PAIR]
-    tries = [n for n, split in enumerate(chosen) if split is None][1:]
+    assert chosen[:3] == [None, None, PAIR], "a warm-up phase, then each split measured"
+    tries = [n for n, split in enumerate(chosen) if split is None][2:]
     gaps = [b - a for a, b in zip(tries, tries[1:])]
     assert gaps and gaps[0] >= EXPLORE_EVERY[0] and gaps[-1] > gaps[0] and max(gaps) <= EXPLORE_EVERY[1] + 1
     assert chosen.count(PAIR) / len(chosen) > 0.9
@@ -89,26 +96,36 @@ def test_a_miss_on_a_partition_ends_its_phase_at_once_and_sets_it_aside_for_long
     assert chooser.records[None].set_aside_until == 0 and chooser.records[None].num_misses == 0
 
 
-def test_idle_turns_and_steps_without_ready_work_count_for_no_split():
+def test_idle_gaps_count_for_the_current_split_unless_longer_than_a_phase_and_unready_time_for_none():
     clock = Clock()
     chooser = SplitChooser([PAIR], clock)
     work = 0.0
-    for _ in range(MIN_PHASE_STEPS):
-        chooser.split_for_step(work)
-        clock.now += 0.01
+
+    def step(gap_s=0.0, gap_work=0.0, step_s=0.01):
+        nonlocal work
+        clock.now += gap_s
+        work += gap_work
+        assert chooser.split_for_step(work) is None
+        clock.now += step_s
         work += 1.0
         chooser.record_step(work, True)
-    chooser.skip()  # an idle turn: units on the whole device, whichever split is current
-    clock.now += 10 * PHASE_S
-    work += 500.0
-    assert chooser.split_for_step(work) is None and chooser.phase == 0, "an idle stretch ended the phase"
-    clock.now += PHASE_S
-    work += 1.0
-    chooser.record_step(work, True)
+
+    for _ in range(WARMUP_PHASES * MIN_PHASE_STEPS):
+        step(step_s=PHASE_S / MIN_PHASE_STEPS)
+    assert chooser.phase == WARMUP_PHASES - 1
+    chooser.skip()  # the warm-up phase ends at the next step, its time then counted for no split
+    for _ in range(MIN_PHASE_STEPS):
+        step()
+    step(gap_s=0.5, gap_work=100.0)  # idle turns between two steps: whole-device units, counted
+    step(gap_s=10 * PHASE_S, gap_work=500.0)  # an idle stretch longer than a phase: counted for no split
+    chooser.skip()  # the job had no ready work until the next step
+    step(gap_s=0.3, gap_work=50.0, step_s=PHASE_S)
+    assert chooser.phase == WARMUP_PHASES, "a phase ended before PHASE_S were counted"
+    assert chooser.records[None].unit_tokens_per_s is None, "the warm-up phase measured a split"
     assert chooser.split_for_step(work) == PAIR
     whole = chooser.recent[-1]
     assert whole["split"] == "whole" and whole["unit_tokens_per_s"] == pytest.approx(
-        (MIN_PHASE_STEPS + 1) / 2.08, abs=1e-3)
+        (MIN_PHASE_STEPS + 100 + 3) / (MIN_PHASE_STEPS * 0.01 + 0.5 + 0.02 + PHASE_S), abs=1e-3)
 
 
 class Job(AlwaysReadyJob):
@@ -192,7 +209,7 @@ def test_steps_pinned_through_the_admin_api_measure_no_split():
 
     try:
         step(0)
-        busy_before = chooser._busy_s
+        span_before = chooser._span_s
         controller.pinned = PAIR  # POST /harvest/partition
         for n in range(1, 20):
             step(n)
@@ -201,4 +218,25 @@ def test_steps_pinned_through_the_admin_api_measure_no_split():
         step(20)
     finally:
         controller.close()
-    assert chooser._busy_s - busy_before < 0.1, "the pinned stretch was counted as the chooser's busy time"
+    assert chooser._span_s - span_before < 0.1, "the pinned stretch was counted for the chooser's split"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
+def test_an_idle_turn_that_trains_counts_for_the_current_split_and_one_without_ready_work_for_none():
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    chooser = SplitChooser([PAIR], phase_s=10.0)
+    job = Job()
+    controller = SpatialController(job, None, SloTracker(30.0, 100), CorePartitions([PAIR], cores), "test",
+                                   chooser=chooser)
+    try:
+        step = DecodeStep(0, 1, 10, time.perf_counter())
+        controller.before_step(step)
+        step.latency_ms = 1.0
+        controller.after_step(step)
+        controller.on_idle()
+        assert chooser._last_end is not None, "an idle turn's unit was counted for no split"
+        job.is_ready = False
+        controller.on_idle()
+        assert chooser._last_end is None, "an idle turn without ready work was counted for the split"
+    finally:
+        controller.close()

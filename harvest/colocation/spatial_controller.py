@@ -222,9 +222,10 @@ class SpatialController(Controller):
         started = self.clock()
         waited_ms = self._revoke()
         self._partition = None
+        num_units_before = self.num_units_idle
         tokens = super().on_idle(kv_demand_slots)
-        if self.chooser is not None:
-            self.chooser.skip()
+        if self.chooser is not None and self.num_units_idle == num_units_before:
+            self.chooser.skip()  # no unit was ready: the time measures no split (an idle turn's unit does)
         if tokens or waited_ms:
             self._idle_unit_ms = (self.clock() - started) * 1e3
         return tokens

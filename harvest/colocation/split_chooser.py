@@ -3,17 +3,19 @@ the moment: the whole device to decode with the temporal slice after each step, 
 beside decode (held across steps, spatial_controller.py). No profile: a profile's rates go stale as the host
 and the load change (eval/results/cpu-2026-11-26/spatial-continuous.md), while the worker measures both here.
 
-Time is cut into phases of PHASE_S of decode's busy time; a phase runs one split, and its rate is the training
-work done over that time: the tokens through the job's units (a token passes every unit of its optimizer step,
-so this rate does not come in lumps as trained tokens do, counted once per micro-batch at its embedding).
-Idle turns count in neither, nor do steps while the job has no ready work (its engine being built): under
-either split idle turns run units on the whole device, so they tell the splits nothing, and a long idle
-stretch would credit whichever split it fell in. The split with the best
-recent rate runs next; another one gets a phase now and then to keep its rate current, less often the further
-behind it was (EXPLORE_EVERY doubles up to its cap, and drops back when it comes close). A finetune partition
-whose phase had a step over the target ends its phase at once and is set aside for SET_ASIDE_PHASES (doubling
-each time it misses again): decode on fewer cores or SMs may not keep the target at this load, while the
-whole device keeps it by the slice's own back-off."""
+Time is cut into phases of at least PHASE_S; a phase runs one split, and its rate is the training work done
+over its time: the tokens through the job's units (a token passes every unit of its optimizer step, so this
+rate does not come in lumps as trained tokens do, counted once per micro-batch at its embedding). The idle
+turns between its steps count too: the split changes how much of the time decode leaves idle (decode on fewer
+cores takes longer, and the whole device's slices stretch its steps), and idle turns train on the whole device
+under either split, so work over all the time is what the worker gets from the split. A gap longer than a phase
+counts for no split (a long idle stretch would credit whichever split it fell in), nor do steps while the job
+has no ready work (its engine being built). The split with the best recent rate runs next; another one gets a
+phase now and then to keep its rate current, less often the further behind it was (EXPLORE_EVERY doubles up to
+its cap, and drops back when it comes close). A finetune partition whose phase had a step over the target ends
+its phase at once and is set aside for SET_ASIDE_PHASES (doubling each time it misses again): decode on fewer
+cores or SMs may not keep the target at this load, while the whole device keeps it by the slice's own back-off.
+The worker's first phase counts for no split: the whole device's slice fit is still learning decode's cost."""
 
 import time
 from collections import deque
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 PHASE_S = 2.0
 MIN_PHASE_STEPS = 8
-"""A phase ends once decode was busy PHASE_S in it and it saw this many steps."""
+"""A phase ends once PHASE_S of it were counted and it saw this many steps."""
 RATE_WEIGHT = 0.5
 """Weight of a phase's rate in its split's running rate (the last two or three phases count)."""
 EXPLORE_EVERY = (4, 32)
@@ -30,6 +32,7 @@ while it stays far behind."""
 CLOSE = 0.8
 """A split within this share of the best one's rate is close: it is tried again soon."""
 SET_ASIDE_PHASES = (4, 64)
+WARMUP_PHASES = 1
 RECENT_PHASES = 32
 
 WHOLE = None
@@ -58,22 +61,22 @@ class SplitChooser:
         self.records = {split: SplitRecord() for split in self.splits}
         self.current = WHOLE
         self.phase = 0
-        self._busy_s = 0.0
+        self._span_s = 0.0
         self._work = 0.0
         self._steps = 0
         self._missed = False
         self._step_start: tuple[float, float] | None = None
         """(clock, work) when the step in flight started."""
         self._last_end: tuple[float, float] | None = None
-        """When the last step's work ended; None after an idle turn (the time since was not decode's)."""
+        """When the last step's work ended; None after a step that measures no split (skip)."""
         self.recent: deque[dict] = deque(maxlen=RECENT_PHASES)
 
     def split_for_step(self, work: float) -> tuple[int, int] | None:
         """The split the next decode step runs on (None: the whole device); a phase that is over ends here."""
         now = (self.clock(), work)
-        if self._last_end is not None:  # the scheduler's own time between two busy steps, and what ran in it
-            self._add(self._last_end, now)
-        if self._missed or (self._busy_s >= self.phase_s and self._steps >= MIN_PHASE_STEPS):
+        if self._last_end is not None and now[0] - self._last_end[0] <= self.phase_s:
+            self._add(self._last_end, now)  # the time since the last step (idle turns too), and what ran in it
+        if self._missed or (self._span_s >= self.phase_s and self._steps >= MIN_PHASE_STEPS):
             self._end_phase()
         self._step_start = now
         return self.current
@@ -89,17 +92,29 @@ class SplitChooser:
             self._missed = True
 
     def skip(self) -> None:
-        """An idle turn ran, or a step while the job had no ready work: the time until the next step measures
-        no split."""
+        """A step or an idle turn while the job had no ready work, or a step pinned through the admin API: the
+        time until the next step measures no split."""
         self._last_end = None
 
     def _add(self, start: tuple[float, float], end: tuple[float, float]) -> None:
-        self._busy_s += end[0] - start[0]
+        self._span_s += end[0] - start[0]
         self._work += end[1] - start[1]
 
     def _end_phase(self) -> None:
+        rate = self._work / max(self._span_s, 1e-9)
+        is_warmup = self.phase < WARMUP_PHASES
+        self.recent.append({"phase": self.phase, "split": _name(self.current), "unit_tokens_per_s": round(rate, 3),
+                            "steps": self._steps, "missed": self._missed, "warmup": is_warmup})
+        if not is_warmup:
+            self._record(rate)
+        self.phase += 1
+        if not is_warmup:
+            self.current = self._next()
+        self._span_s, self._work, self._steps, self._missed = 0.0, 0.0, 0, False
+
+    def _record(self, rate: float) -> None:
+        """The current split's phase is over: fold its rate in, set it aside if it missed, space its tries."""
         split, record = self.current, self.records[self.current]
-        rate = self._work / max(self._busy_s, 1e-9)
         best_before = self._best()
         record.unit_tokens_per_s = rate if record.unit_tokens_per_s is None else (
             RATE_WEIGHT * rate + (1 - RATE_WEIGHT) * record.unit_tokens_per_s)
@@ -114,11 +129,6 @@ class SplitChooser:
         if best_before is not UNMEASURED and split != best_before:  # an exploration: how far behind was it?
             behind = record.unit_tokens_per_s < CLOSE * self.records[best_before].unit_tokens_per_s
             record.explore_every = min(2 * record.explore_every, EXPLORE_EVERY[1]) if behind else EXPLORE_EVERY[0]
-        self.recent.append({"phase": self.phase, "split": _name(split), "unit_tokens_per_s": round(rate, 3),
-                            "steps": self._steps, "missed": self._missed})
-        self.phase += 1
-        self.current = self._next()
-        self._busy_s, self._work, self._steps, self._missed = 0.0, 0.0, 0, False
 
     def _eligible(self) -> list:
         return [s for s in self.splits if s is WHOLE or self.records[s].set_aside_until <= self.phase]
