@@ -146,13 +146,17 @@ class Job(AlwaysReadyJob):
         return SimulatedUnit("unit", 2.0, 10)
 
 
+def chosen_controller(chooser, job):
+    """A spatial controller without planner or pin, on the host's first two cores: it runs `chooser`'s split."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    return SpatialController(job, None, SloTracker(30.0, 100), CorePartitions([PAIR], cores), "test", chooser=chooser)
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
 def test_a_spatial_controller_without_planner_or_pin_runs_the_chosen_split_and_records_it_per_step():
-    cores = sorted(os.sched_getaffinity(0))[:2]
     chooser = SplitChooser([PAIR], phase_s=0.05)
     job = Job()
-    controller = SpatialController(job, None, SloTracker(30.0, 100), CorePartitions([PAIR], cores), "test",
-                                   chooser=chooser)
+    controller = chosen_controller(chooser, job)
     records = []
     try:
         for n in range(140):
@@ -196,10 +200,8 @@ def test_the_wait_for_a_partitions_unit_is_not_fitted_as_decode_cost():
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
 def test_steps_pinned_through_the_admin_api_measure_no_split():
-    cores = sorted(os.sched_getaffinity(0))[:2]
     chooser = SplitChooser([PAIR], phase_s=10.0)
-    controller = SpatialController(Job(), None, SloTracker(30.0, 100), CorePartitions([PAIR], cores), "test",
-                                   chooser=chooser)
+    controller = chosen_controller(chooser, Job())
 
     def step(n):
         s = DecodeStep(n, 1, 10, time.perf_counter())
@@ -223,11 +225,9 @@ def test_steps_pinned_through_the_admin_api_measure_no_split():
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
 def test_an_idle_turn_that_trains_counts_for_the_current_split_and_one_without_ready_work_for_none():
-    cores = sorted(os.sched_getaffinity(0))[:2]
     chooser = SplitChooser([PAIR], phase_s=10.0)
     job = Job()
-    controller = SpatialController(job, None, SloTracker(30.0, 100), CorePartitions([PAIR], cores), "test",
-                                   chooser=chooser)
+    controller = chosen_controller(chooser, job)
     try:
         step = DecodeStep(0, 1, 10, time.perf_counter())
         controller.before_step(step)
