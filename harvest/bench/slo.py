@@ -35,6 +35,9 @@ from harvest.worker.client import read_last_step_seq, read_stats, read_steps_sin
 from harvest.worker.process import WorkerProcess, free_ports
 
 JOB_WAIT_S = 600.0
+ALONE_TARGET_MS = 1000.0
+"""The decode-alone worker's target until its job is paused: any finite one. A slice fills what the target leaves
+of a step, so with none (1e9) a step before the pause would train for days and the worker never answer /health."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> dict:
     job_path = _write_job(log_dir, model_path, args)
     started = time.perf_counter()
 
-    with _worker(args, model_path, job_path, log_dir, "decode-alone", tpot_slo_ms=1e9) as alone:
+    with _worker(args, model_path, job_path, log_dir, "decode-alone", tpot_slo_ms=ALONE_TARGET_MS) as alone:
         _wait_for_job(alone, "running")
         if _admin_post(alone, "/harvest/finetune/pause")["state"] != "paused":
             raise HarvestError("the decode-alone worker's job did not pause")
