@@ -71,6 +71,12 @@ def same_adapter_at_one_round(a, b, timeout_s: float = 120.0) -> dict:
     return wait_for_fleet(a, both_at_one_round, "both workers holding one round's adapter", timeout_s)["fleet"]
 
 
+def published_since(worker, fleet_round: int) -> dict:
+    """Wait until the worker published the fleet's adapter of `fleet_round` or later; its publish stats."""
+    return wait_for_fleet(worker, lambda _, job: ((job.get("published") or {}).get("fleet_round") or 0) >= fleet_round,
+                          f"the fleet's adapter of round {fleet_round} or later published")["published"]
+
+
 def served(worker) -> None:
     request = {**prefilled_request([3, 4, 5, 6], 4, room=7), "lora_path": ADAPTER}
     response = httpx.post(f"{worker.url}/generate", json=request, timeout=120)
@@ -94,8 +100,7 @@ def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill
         assert status.returncode == 0 and "harvest fleet: 2 workers" in status.stdout, status.stderr
         assert "w0" in status.stdout and "w1" in status.stdout
         for worker in workers:
-            published = wait_for_fleet(worker, lambda _, job: ((job.get("published") or {}).get("fleet_round") or 0)
-                                       >= 1, "the fleet's adapter published")["published"]
+            published = published_since(worker, 1)
             assert published["name"] == ADAPTER and published["error"] is None
             served(worker)
 
@@ -110,6 +115,7 @@ def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill
         workers[1] = w1 = worker_process(tmp_path, url, 1, 1).start()
         wait_for_fleet(w1, lambda f, _: f.get("round", 0) > round_at_kill, "the restarted worker in a later round")
         same_adapter_at_one_round(w0, w1)
+        published_since(w1, round_at_kill + 1)  # the restarted worker serves the fleet's adapter once it loaded one
         served(w1)
     finally:
         for worker in workers:
