@@ -110,7 +110,9 @@ class SpatialController(Controller):
         else:
             partition = None
         self._job_was_ready = self.job.has_ready_work()
-        grant = partition if partition is not None and partition[1] > 0 and self._job_was_ready else None
+        if self.planner is None and partition is not None and partition[1] > 0 and not self._job_was_ready:
+            partition = None  # no unit to run beside decode (paused, its engine building): decode takes every core
+        grant = partition if partition is not None and partition[1] > 0 else None
         if grant != self._granted:
             step.preempt_ms = self._revoke()
             if grant is not None:

@@ -15,7 +15,13 @@ phase now and then to keep its rate current, less often the further behind it wa
 its cap, and drops back when it comes close). A finetune partition whose phase had a step over the target ends
 its phase at once and is set aside for SET_ASIDE_PHASES (doubling each time it misses again): decode on fewer
 cores or SMs may not keep the target at this load, while the whole device keeps it by the slice's own back-off.
-The worker's first phase counts for no split: the whole device's slice fit is still learning decode's cost."""
+
+Phase rates are noisy: a lull credits whichever split it fell in. So the worker starts on the even split (what a
+user pins by hand, and what trains most once decode needs a core most of the time: `eval/results/cpu-2026-11-27/
+load-sweep/`), and a split takes the lead from the one that has it only on CONFIRM_PHASES phases of its own: one
+that beat it once runs again at once, and leads if its running rate still does. Each split's first phase counts
+for none (a warm-up: the whole device's slice fit is still learning decode's cost, a partition's unit sizes their
+co-run times)."""
 
 import time
 from collections import deque
@@ -32,7 +38,7 @@ while it stays far behind."""
 CLOSE = 0.8
 """A split within this share of the best one's rate is close: it is tried again soon."""
 SET_ASIDE_PHASES = (4, 64)
-WARMUP_PHASES = 1
+CONFIRM_PHASES = 2
 RECENT_PHASES = 32
 
 WHOLE = None
@@ -44,6 +50,8 @@ UNMEASURED = object()
 class SplitRecord:
     unit_tokens_per_s: float | None = None
     num_phases: int = 0
+    """Measured phases; the warm-up phase is not one."""
+    is_warm: bool = False
     last_phase: int = -1
     explore_every: int = EXPLORE_EVERY[0]
     set_aside_until: int = 0
@@ -59,7 +67,9 @@ class SplitChooser:
         self.clock = clock
         self.phase_s = phase_s
         self.records = {split: SplitRecord() for split in self.splits}
-        self.current = WHOLE
+        self.current = max(self.splits[1:], key=lambda p: (min(p), p[0]), default=WHOLE)
+        """The even split first: decode and the job as close to half each as the pairs go."""
+        self.leader = self.current
         self.phase = 0
         self._span_s = 0.0
         self._work = 0.0
@@ -102,14 +112,15 @@ class SplitChooser:
 
     def _end_phase(self) -> None:
         rate = self._work / max(self._span_s, 1e-9)
-        is_warmup = self.phase < WARMUP_PHASES
+        record = self.records[self.current]
+        is_warmup = not record.is_warm
         self.recent.append({"phase": self.phase, "split": _name(self.current), "unit_tokens_per_s": round(rate, 3),
                             "steps": self._steps, "missed": self._missed, "warmup": is_warmup})
-        if not is_warmup:
+        record.is_warm = True
+        if not is_warmup or self._missed:  # a miss in a warm-up is one all the same
             self._record(rate)
         self.phase += 1
-        if not is_warmup:
-            self.current = self._next()
+        self.current = self._next()
         self._span_s, self._work, self._steps, self._missed = 0.0, 0.0, 0, False
 
     def _record(self, rate: float) -> None:
@@ -134,21 +145,31 @@ class SplitChooser:
         return [s for s in self.splits if s is WHOLE or self.records[s].set_aside_until <= self.phase]
 
     def _best(self):
+        """The best running rate among the leader and the splits measured CONFIRM_PHASES times (among all those
+        measured while the leader is set aside and none is)."""
         measured = [s for s in self._eligible() if self.records[s].unit_tokens_per_s is not None]
-        return max(measured, key=lambda s: self.records[s].unit_tokens_per_s, default=UNMEASURED)
+        candidates = [s for s in measured
+                      if s == self.leader or self.records[s].num_phases >= CONFIRM_PHASES] or measured
+        return max(candidates, key=lambda s: self.records[s].unit_tokens_per_s, default=UNMEASURED)
 
     def _next(self):
         eligible = self._eligible()
         unmeasured = [s for s in eligible if self.records[s].unit_tokens_per_s is None]
-        if unmeasured:
-            return unmeasured[0]
-        best = self._best()
+        if unmeasured:  # the current split first: its warm-up is done
+            return self.current if self.current in unmeasured else unmeasured[0]
+        best = self.leader = self._best()
+        rate = self.records[best].unit_tokens_per_s
+        challengers = [s for s in eligible if self.records[s].num_phases < CONFIRM_PHASES
+                       and self.records[s].unit_tokens_per_s > rate]
+        if challengers:  # beat the leader on too few phases: once more, at once
+            return challengers[0]
         due = [s for s in eligible if s != best
                and self.phase - self.records[s].last_phase > self.records[s].explore_every]
         return min(due, key=lambda s: self.records[s].last_phase) if due else best
 
     def stats(self) -> dict:
         return {"phase_s": self.phase_s, "phase": self.phase, "current": _name(self.current),
+                "leader": _name(self.leader),
                 "splits": {_name(s): {"unit_tokens_per_s": None if r.unit_tokens_per_s is None
                                       else round(r.unit_tokens_per_s, 3),
                                       "phases": r.num_phases, "misses": r.num_misses,
