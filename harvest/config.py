@@ -154,8 +154,8 @@ def can_choose_split(finetune: FinetuneConfig) -> bool:
 def colocation_mode(config: ServeConfig, profile) -> Colocation:
     """The worker's co-location mode, decided here only. Unless --colocation names it: spatial where
     --pin-partition names a partition or the profile has co-run partitions (SMs of a GPU, or cores of the CPU
-    host it was measured on), else temporal; off without a finetune job. `--colocation spatial` with neither, on
-    a CPU host of two or more cores, chooses the split live."""
+    host it was measured on), or where there is no profile on a CPU host of two or more cores (the split chosen
+    live, split_chooser.py); else temporal; off without a finetune job."""
     if config.finetune is None:
         return Colocation.OFF
     has_co_run = profile is not None and profile.latency_model.has_colo and (
@@ -167,7 +167,7 @@ def colocation_mode(config: ServeConfig, profile) -> Colocation:
                            "with (measure them with `harvest profile`, or give --pin-partition)")
     if config.colocation is not None:
         return config.colocation
-    if config.pinned_partition is not None or has_co_run:
+    if config.pinned_partition is not None or has_co_run or chooses_split:
         return Colocation.SPATIAL
     return Colocation.TEMPORAL
 

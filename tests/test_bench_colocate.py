@@ -53,9 +53,9 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
         if row != "decode-alone":
             assert runs[row]["finetune_tokens_per_s"] > 0, (row, runs[row]["finetune_counted_by"])
     assert set(result["tpot_stretch_vs_decode_alone"]["ci"]) == {r for r in ROWS if r.startswith("harvest-")}
-    # Only spatial without a profile or a pin chooses its split live, among the whole device and (1, 1).
-    assert {row for row, run in runs.items() if run["phases_per_split"] is not None} == {"harvest-chosen"}
-    assert set(runs["harvest-chosen"]["phases_per_split"]) == {"whole", "1,1"}
+    # Only the default, spatial without a profile or a pin, chooses its split live: the whole device or (1, 1).
+    assert {row for row, run in runs.items() if run["phases_per_split"] is not None} == {"harvest-default"}
+    assert set(runs["harvest-default"]["phases_per_split"]) == {"whole", "1,1"}
     # No worker or trainer outlives the bench: no process still runs on this test's model or files.
     leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
                  if any(str(tmp_path) in arg or str(tiny_model_dir) in arg for arg in p.info["cmdline"] or [])]

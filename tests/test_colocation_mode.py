@@ -23,7 +23,7 @@ def serve_config(finetune=True, **kwargs) -> ServeConfig:
     ("kwargs", "profile_path", "mode"),
     [
         ({"finetune": False}, None, Colocation.OFF),
-        ({}, None, Colocation.TEMPORAL),
+        ({}, None, Colocation.SPATIAL if TWO_CORES else Colocation.TEMPORAL),  # the split chosen live
         ({"colocation": Colocation.TEMPORAL}, None, Colocation.TEMPORAL),
         ({"profile_path": TEMPORAL_PROFILE}, TEMPORAL_PROFILE, Colocation.TEMPORAL),
         ({"profile_path": CO_RUN_PROFILE}, CO_RUN_PROFILE, Colocation.SPATIAL),
@@ -53,7 +53,7 @@ def test_bad_combinations_are_one_line_errors(kwargs, fragment):
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="a host of two cores or more chooses its split")
-def test_spatial_without_a_profile_or_a_pin_needs_a_cpu_host_that_chooses_its_split(monkeypatch):
+def test_spatial_without_a_profile_or_a_pin_is_a_cpu_host_of_two_cores_or_more_choosing_its_split(monkeypatch):
     assert colocation_mode(serve_config(colocation=Colocation.SPATIAL), None) is Colocation.SPATIAL
     gpu_job = FinetuneConfig("cuda", yaml_path="job.yaml")
     with pytest.raises(HarvestError, match="--colocation spatial needs --pin-partition or a --profile"):
@@ -63,6 +63,7 @@ def test_spatial_without_a_profile_or_a_pin_needs_a_cpu_host_that_chooses_its_sp
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     with pytest.raises(HarvestError, match="--colocation spatial needs"):
         serve_config(colocation=Colocation.SPATIAL)
+    assert colocation_mode(serve_config(), None) is Colocation.TEMPORAL, "one core: nothing to split"
 
 
 def test_spatial_with_a_profile_without_co_run_partitions_is_refused():

@@ -48,9 +48,9 @@ DEMO_JOB = Path(__file__).resolve().parents[1] / "finetune" / "demo" / "demo.yam
 CORE_PROFILE = Path(__file__).resolve().parents[2] / "predictor" / "profiles" / "cpu-cores-smollm2-135m.json"
 HARVEST_MODES = {
     # co-location mode: the `harvest serve` flags that select it, from the bench's flags (a new mode is one line)
-    "temporal": lambda args: (),
-    # spatial without a profile: on a CPU host of two cores or more, the split chosen live (split_chooser.py)
-    "chosen": lambda args: ("--colocation", "spatial"),
+    # no flag: what `harvest serve` runs by default (on a CPU host of two cores or more, the split chosen live)
+    "default": lambda args: (),
+    "temporal": lambda args: ("--colocation", "temporal"),
     # with a co-run profile of this host's core partitions (--profile): the planner picks (2, 0) or (1, 1) per step
     "spatial": lambda args: ("--profile", args.profile),
     # the static split inside one process: decode on the first half of the cores, the job's partition on the rest

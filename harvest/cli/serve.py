@@ -40,8 +40,8 @@ def add_parser(subparsers) -> None:
     colocation.add_argument("--colocation", choices=[m.value for m in Colocation], default=None,
                             help="temporal: between decode steps on the whole device; spatial: beside decode on a "
                             "partition, or on a CPU host without --profile the split chosen live; off: serve only "
-                            "(default: spatial with --pin-partition or a co-run --profile, else temporal; off without "
-                            "--finetune)")
+                            "(default: spatial with --pin-partition or a co-run --profile, or on a CPU host of two "
+                            "cores or more without --profile; else temporal; off without --finetune)")
     colocation.add_argument("--pin-partition", metavar="INFER,FT", default=None,
                             help="spatial co-location on this one partition every step, no planner: decode on INFER "
                             "SMs (CPU: cores), finetune beside it on FT (profiling, benchmarks). A --profile with "
