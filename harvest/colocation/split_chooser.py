@@ -20,7 +20,7 @@ Phase rates are noisy: a lull credits whichever split it fell in. So the worker 
 user pins by hand, and what trains most once decode needs a core most of the time: `eval/results/cpu-2026-11-27/
 load-sweep/`), and a split takes the lead from the one that has it only on CONFIRM_PHASES phases of its own: one
 that beat it once runs again at once, and leads if its running rate still does. Each split's first phase counts
-for none (a warm-up: the whole device's slice fit is still learning decode's cost, a partition's unit sizes their
+for none (a warm-up: the whole device's slice fit is still learning decode's cost, a partition's units their
 co-run times)."""
 
 import time
