@@ -101,18 +101,16 @@ class SpatialController(Controller):
             self._start_co_run(None, step)
 
     def _start_co_run(self, decision, step) -> None:
+        self._job_was_ready = self.job.has_ready_work()
         if self.pinned is not None:
             partition = self.pinned
         elif decision is not None:
             partition = (decision.infer_sms, decision.ft_sms)
-        elif self.chooser is not None:
+        elif self.chooser is not None and self._job_was_ready:
             partition = self.chooser.split_for_step(self.unit_tokens)
         else:
-            partition = None
-        self._job_was_ready = self.job.has_ready_work()
-        if self.planner is None and partition is not None and partition[1] > 0 and not self._job_was_ready:
-            partition = None  # no unit to run beside decode (paused, its engine building): decode takes every core
-        grant = partition if partition is not None and partition[1] > 0 else None
+            partition = None  # chosen live, but no unit to run (paused, its engine building): decode on every core
+        grant = partition if partition is not None and partition[1] > 0 and self._job_was_ready else None
         if grant != self._granted:
             step.preempt_ms = self._revoke()
             if grant is not None:
