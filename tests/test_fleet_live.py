@@ -93,8 +93,9 @@ def test_two_workers_average_serve_the_fleets_adapter_and_one_rejoins_after_kill
         workers = start_both(tmp_path, url)
         w0, w1 = workers
         wait_for_fleet(w0, lambda f, _: f.get("members") == 2, "a round of both workers")
-        fleet = same_adapter_at_one_round(w0, w1)
-        assert fleet["tokens_contributed"] > 0
+        # The first round, begun as the fleet forms, carries no tokens: wait for one this worker trained into.
+        wait_for_fleet(w0, lambda f, _: f.get("tokens_contributed", 0) > 0, "a committed round with w0's tokens")
+        same_adapter_at_one_round(w0, w1)
         status = subprocess.run([sys.executable, "-m", "harvest.cli.main", "status", "--admin", w0.admin_url,
                                  "--admin", w1.admin_url], capture_output=True, text=True, timeout=60, check=False)
         assert status.returncode == 0 and "harvest fleet: 2 workers" in status.stdout, status.stderr
