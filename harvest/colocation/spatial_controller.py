@@ -109,7 +109,7 @@ class SpatialController(Controller):
         elif self.chooser is not None and self._job_was_ready:
             partition = self.chooser.split_for_step(self.unit_tokens)
         else:
-            partition = None  # chosen live, but no unit to run (paused, its engine building): decode on every core
+            partition = None  # the whole device; a chosen split too while the job has no unit to run (paused, building)
         grant = partition if partition is not None and partition[1] > 0 and self._job_was_ready else None
         if grant != self._granted:
             step.preempt_ms = self._revoke()
