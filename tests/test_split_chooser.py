@@ -192,7 +192,8 @@ def test_a_spatial_controller_without_planner_or_pin_runs_the_chosen_split_and_r
     assert set(records) == {(2, 0), (1, 1)}, "both splits ran and the records say which"
     stats = controller.stats()["chooser"]
     assert stats["phase"] >= 2 and all(s["phases"] for s in stats["splits"].values())
-    assert any(p["unit_tokens_per_s"] > 0 for p in stats["recent_phases"] if p["split"] == "1,1"), stats
+    assert all(p["unit_tokens_per_s"] > 0 for p in stats["recent_phases"] if p["split"] == "1,1"
+               and not p["warmup"]), stats  # the warm-up phase may end before the unit thread's first unit
     assert controller.stats()["co_run"]["1,1"]["tokens"] > 0
 
 
