@@ -1,34 +1,36 @@
 #!/usr/bin/env bash
-# The first GPU run of harvest: one prepared run that fits 10 minutes of wall time on one H100, the install
+# harvest on a lent GPU: one prepared run that fits 10 minutes of wall time on one H100, the install
 # included, carried in one device call (the checkout and the bundle's parts <= 60 MiB).
 #
-#   scripts/gpu_first_light.sh [--dry-run] [--bundle DIR] [--caches FILE] [--budget-s N] [--only NAME,...]
-#                              [--window 30s]
+#   scripts/gpu_first_light.sh [--dry-run] [--bundle DIR] [--budget-s N] [--only NAME,...]
+#                              [--window 30s] [--alone-s 20]
 #
 # Stages, in the order that leaves results when the run is cut off: facts -> install -> native build (after
 # the install: the driver stub's symbols come from sgl_kernel) -> model make (Llama-3.2-1B shape, random
-# weights) -> temporal worker with the job + a --window replay -> spatial worker on a pinned partition + a
-# replay -> doctor -> interference check -> JIT and Triton caches.
+# weights) -> decision cost (plan + observe on this host's CPU) -> temporal worker with the job: --alone-s
+# with no requests (the job alone on the whole GPU, the harvest ratio's denominator), then a --window
+# replay -> the same on a spatial worker pinned to a partition -> solo profile of the served model and the
+# job -> doctor -> interference check.
 # Each stage runs under `timeout` (its cap, or what is left of --budget-s) and writes into $OUT as it
-# finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, doctor.jsonl,
-# temporal.tgz, spatial.tgz, interference.jsonl, caches.tgz. --caches FILE (a caches.tgz of an earlier run,
-# carried) seeds the JIT caches for a faster rerun; --only runs the named stages alone (a rerun of one). Nothing is written outside $OUT and the checkout: work
-# files, HOME and TMPDIR (so the JIT caches too) live in .first-light/. A copy of the checkout without .git
+# finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, decision.json,
+# temporal.tgz, spatial.tgz, profile.tgz, doctor.jsonl, interference.jsonl. --only runs the named stages
+# alone (a rerun of one). Nothing is written outside $OUT and the checkout: work files, HOME and TMPDIR (so
+# the JIT caches too) live in .first-light/. A copy of the checkout without .git
 # names its commit with HARVEST_COMMIT=... (facts.json).
 # --dry-run (CPU, CI) checks every harvest command line against the real parsers (scripts/check_argv.py)
 # and, given a bundle, that it is whole and that the carry fits one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-dry_run=0; bundle=bundle; caches=""; budget_s=560; only=""; window=30s
+dry_run=0; bundle=bundle; budget_s=560; only=""; window=30s; alone_s=20
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
     --bundle) bundle=$2; shift ;;
-    --caches) caches=$2; shift ;;
     --budget-s) budget_s=$2; shift ;;
     --only) only=",$2,"; shift ;;
     --window) window=$2; shift ;;
+    --alone-s) alone_s=$2; shift ;;
     *) echo "gpu_first_light.sh: error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
   shift
@@ -39,7 +41,7 @@ export work=$repo/.first-light
 export out=${OUT:-$work/out}
 export site=$work/site model=$work/llama3.2-1b job=$work/job.yaml bundle
 export python=${PYTHON:-python3}
-export tpot_ms=40 port=30000 admin_port=30100 window
+export tpot_ms=40 port=30000 admin_port=30100 profile_port=30010 profile_admin_port=30110 window alone_s
 export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1 \
        HF_HUB_OFFLINE=1 PIP_NO_CACHE_DIR=1
 CARRY_LIMIT_BYTES=$((60 * 1024 * 1024))
@@ -52,13 +54,14 @@ STAGES=(
   "install 120 the bundle installed offline into .first-light/site"
   "native 90 csrc/ built here (the CUDA VMM backend with nvcc; the stub's symbols come from the installed sgl_kernel)"
   "model 60 random Llama-3.2-1B (bf16, drawn on the GPU) with a small tokenizer, and the LoRA job"
-  "temporal 260 temporal worker with the job, once it runs a --window conv replay -> temporal.tgz"
+  "decision 30 plan + observe on this host's CPU (harvest bench predictor, the synthetic H100 profile) -> decision.json"
+  "temporal 260 temporal worker with the job, once it runs --alone-s alone then a --window conv replay -> temporal.tgz"
   "spatial 220 spatial worker pinned to 64,56 SMs with the job, once it runs a --window conv replay -> spatial.tgz"
+  "profile 200 harvest profile, solo: decode shapes of the served model and the job alone -> profile.tgz"
   "doctor 100 harvest doctor, every check but the interference one -> doctor.jsonl"
   "interference 40 decode beside a saturating finetune partition, %smid confinement -> interference.jsonl"
-  "caches 30 the JIT and Triton caches -> caches.tgz"
 )
-HARVEST_COMMANDS=(doctor model serve_temporal replay_temporal serve_spatial replay_spatial interference)
+HARVEST_COMMANDS=(doctor model decision serve_temporal replay_temporal serve_spatial replay_spatial profile interference)
 
 hv() { "$python" -m harvest.cli.main "$@"; }
 
@@ -76,6 +79,11 @@ print(','.join(c.name for c in CHECKS if c.name != 'gpu_interference'))")") ;;
       ARGV=(replay --trace conv --window "$window" --target "http://127.0.0.1:$port" --admin "http://127.0.0.1:$admin_port"
             --tpot-ms "$tpot_ms" --out "$work/${1#replay_}" --no-plots) ;;
     interference) ARGV=(doctor --json --only gpu_interference,gpu_confine) ;;
+    decision) ARGV=(bench predictor --profile predictor/profiles/synthetic-h100-llama3-8b.json --tpot-ms "$tpot_ms") ;;
+    # One pass and few held-out shapes: the stage's time, after the two workers (shapes x passes x repeats).
+    profile) ARGV=(profile --model-path "$model" --finetune "$job" --out "$work/profile/profile.json"
+                   --port "$profile_port" --admin-port "$profile_admin_port" --max-batch-size 16
+                   --seq-levels 2 --passes 1 --held-out 4 --finetune-steps 2) ;;
   esac
 }
 
@@ -83,10 +91,12 @@ http_get() {  # $1 URL -> stdout; fails if it does not answer 200
   "$python" -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())" "$1"
 }
 
-free_ports() {  # kill what still listens on the worker's ports, with its tree: a worker outlives a stage cut
+free_ports() {  # [PORT...] kill what still listens on them (the worker's), with its tree: a worker outlives a stage cut
   # short by `timeout` (it drains and checkpoints its job once its supervisor is gone), and the next stage's
   # health check would reach it instead of its own worker (the H100 run of 2026-11-27)
-  "$python" - "$port" "$admin_port" <<'EOF'
+  local ports=("$@")
+  [ $# -gt 0 ] || ports=("$port" "$admin_port")
+  "$python" - "${ports[@]}" <<'EOF'
 import sys, psutil
 ports = {int(p) for p in sys.argv[1:]}
 owners = {c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port in ports and c.pid}
@@ -114,7 +124,7 @@ for p in psutil.Process(int(sys.argv[1])).children(recursive=True):
 EOF2
 }
 
-run_worker() {  # $1 temporal|spatial: a worker with the job, a 30 s replay, its stats and step records
+run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a replay, its stats and step records
   local dir=$work/$1 pid poller rc=1 i left
   rm -rf "$dir" && mkdir -p "$dir"
   free_ports
@@ -134,6 +144,21 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, a 30 s replay, its
     sleep 1
   done
   echo "$1: job running after $(( $(date +%s) - stage_start ))s"
+  # The job alone on the whole device, no requests: the harvest ratio's denominator (temporal only: time)
+  if [ "$1" = temporal ] && [ $(( stage_deadline - $(date +%s) )) -gt $(( 75 + alone_s )) ]; then
+    "$python" - "http://127.0.0.1:$admin_port/harvest/stats" "$alone_s" >"$dir/alone.json" <<'EOF3'
+import json, sys, time, urllib.request
+
+def finetune():
+    return json.load(urllib.request.urlopen(sys.argv[1], timeout=10))["finetune"], time.monotonic()
+
+(a, t0), _ = finetune(), time.sleep(float(sys.argv[2]))
+b, t1 = finetune()
+print(json.dumps({"seconds": round(t1 - t0, 2), "tokens": b["tokens"] - a["tokens"], "steps": b["step"] - a["step"],
+                  "tokens_per_s": round((b["tokens"] - a["tokens"]) / (t1 - t0), 1), "state": b["state"]}))
+EOF3
+    echo "$1: alone $(cat "$dir/alone.json")"
+  fi
   # A snapshot of the stats every 5 s: what the worker did even if the replay never ends (run 2 of 2026-11-27)
   ( while kill -0 $pid 2>/dev/null; do
       echo "{\"t\": $(date +%s), \"stats\": $(http_get "http://127.0.0.1:$admin_port/harvest/stats" 2>/dev/null | tr -d "\n" || echo null)}"
@@ -212,11 +237,22 @@ stage_spatial() { run_worker spatial; }
 
 stage_interference() { argv_for interference; hv "${ARGV[@]}" >"$out/interference.jsonl"; }
 
-stage_caches() {
-  local size
-  size=$(du -sb "$HOME" | cut -f1)
-  if [ "$size" -gt $((15 * 1024 * 1024)) ]; then echo "caches: $size bytes, over the 16 MiB a file may bring back"; return 1; fi
-  tar czf "$out/caches.tgz" -C "$HOME" .
+stage_decision() { argv_for decision; hv "${ARGV[@]}" >"$out/decision.json"; }
+
+stage_profile() {
+  local rc
+  rm -rf "$work/profile" && mkdir -p "$work/profile"
+  argv_for profile
+  hv "${ARGV[@]}" >"$work/profile/summary.json" 2>"$work/profile/profile.log"
+  rc=$?
+  pack_profile
+  return $rc
+}
+
+pack_profile() {  # what the profile stage left, whatever its outcome, into $OUT/profile.tgz
+  local log
+  for log in "$TMPDIR"/harvest-profile-*/worker.log; do [ -f "$log" ] && tail -c 2000000 "$log" >"$work/profile/worker.log.tail"; done
+  tar czf "$out/profile.tgz" -C "$work" profile
 }
 
 pack_run() {  # $1 temporal|spatial: what the run left, whatever its outcome, into $OUT/$1.tgz
@@ -264,8 +300,7 @@ if [ $dry_run = 1 ]; then
 fi
 
 mkdir -p "$out"
-[ -n "$caches" ] && [ -f "$caches" ] && tar xzf "$caches" -C "$HOME"
-export -f hv argv_for http_get free_ports dump_stacks run_worker $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
+export -f hv argv_for http_get free_ports dump_stacks run_worker pack_profile $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
 started=$(date +%s)
 for entry in "${STAGES[@]}"; do
   read -r name cap desc <<<"$entry"
@@ -278,6 +313,10 @@ for entry in "${STAGES[@]}"; do
   timeout -k 5 "$limit" bash -c "stage_$name" >>"$out/stages.log" 2>&1
   rc=$?
   if [ "$name" = temporal ] || [ "$name" = spatial ]; then pack_run "$name"; free_ports >>"$out/stages.log" 2>&1; fi
+  if [ "$name" = profile ]; then
+    [ -f "$out/profile.tgz" ] || pack_profile 2>/dev/null
+    free_ports "$profile_port" "$profile_admin_port" >>"$out/stages.log" 2>&1
+  fi
   echo "== $name rc=$rc in $(( $(date +%s) - t0 ))s" | tee -a "$out/stages.log"
 done
 echo "first light done in $(( $(date +%s) - started ))s: $out"

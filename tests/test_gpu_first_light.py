@@ -3,6 +3,7 @@ parsers, the carry fits one device call, and it keeps its files inside $OUT and 
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_first_light.sh"
 CARRY_LIMIT_BYTES = 60 * 2**20
 """One device call carries 64 MiB (tracked tree included); 4 MiB stay free for what a session adds."""
-NUM_HARVEST_COMMANDS = 7
+NUM_HARVEST_COMMANDS = 9
 
 
 def dry_run(tmp_path, *args: str) -> subprocess.CompletedProcess:
@@ -70,6 +71,14 @@ def test_dry_run_refuses_a_carry_over_one_call_and_a_missing_part(tmp_path):
     assert dry_run(tmp_path, "--bundle", str(fake_bundle(tmp_path / "fits", PART_BYTES))).returncode == 0
     proc = dry_run(tmp_path, "--bundle", str(fake_bundle(tmp_path / "big", CARRY_LIMIT_BYTES, num_missing_parts=1)))
     assert proc.returncode == 1 and "TOO BIG" in proc.stdout and "MISSING" in proc.stdout, proc.stdout
+
+
+def test_the_run_brings_back_at_most_eight_files():
+    """A lent GPU returns at most 8 files from $OUT: a ninth is left out, silently, with its stage's results."""
+    names = set(re.findall(r'"\$out/([A-Za-z0-9_.$-]+)"', SCRIPT.read_text()))
+    if "$1.tgz" in names:  # pack_run: one archive per worker stage
+        names = names - {"$1.tgz"} | {"temporal.tgz", "spatial.tgz"}
+    assert {"facts.json", "stages.log", "temporal.tgz", "spatial.tgz", "profile.tgz"} <= names and len(names) <= 8, names
 
 
 def test_the_run_keeps_home_tmp_and_caches_in_the_checkout():
