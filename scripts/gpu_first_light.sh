@@ -9,8 +9,8 @@
 # the install: the driver stub's symbols come from sgl_kernel) -> model make (Llama-3.2-1B shape, random
 # weights) -> decision cost (plan + observe on this host's CPU) -> temporal worker with the job: --alone-s
 # with no requests (the job alone on the whole GPU, the harvest ratio's denominator), then a --window
-# replay -> the same on a spatial worker pinned to a partition -> solo profile of the served model and the
-# job -> doctor -> interference check.
+# replay -> a replay on a spatial worker pinned to a partition -> solo decode profile of the served model ->
+# doctor -> interference check.
 # Each stage runs under `timeout` (its cap, or what is left of --budget-s) and writes into $OUT as it
 # finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, decision.json,
 # temporal.tgz, spatial.tgz, profile.tgz, doctor.jsonl, interference.jsonl. --only runs the named stages
@@ -57,7 +57,7 @@ STAGES=(
   "decision 30 plan + observe on this host's CPU (harvest bench predictor, the synthetic H100 profile) -> decision.json"
   "temporal 260 temporal worker with the job, once it runs --alone-s alone then a --window conv replay -> temporal.tgz"
   "spatial 220 spatial worker pinned to 64,56 SMs with the job, once it runs a --window conv replay -> spatial.tgz"
-  "profile 200 harvest profile, solo: decode shapes of the served model and the job alone -> profile.tgz"
+  "profile 200 harvest profile, solo: decode shapes of the served model, held-out error -> profile.tgz"
   "doctor 100 harvest doctor, every check but the interference one -> doctor.jsonl"
   "interference 40 decode beside a saturating finetune partition, %smid confinement -> interference.jsonl"
 )
@@ -80,10 +80,10 @@ print(','.join(c.name for c in CHECKS if c.name != 'gpu_interference'))")") ;;
             --tpot-ms "$tpot_ms" --out "$work/${1#replay_}" --no-plots) ;;
     interference) ARGV=(doctor --json --only gpu_interference,gpu_confine) ;;
     decision) ARGV=(bench predictor --profile predictor/profiles/synthetic-h100-llama3-8b.json --tpot-ms "$tpot_ms") ;;
-    # One pass and few held-out shapes: the stage's time, after the two workers (shapes x passes x repeats).
-    profile) ARGV=(profile --model-path "$model" --finetune "$job" --out "$work/profile/profile.json"
-                   --port "$profile_port" --admin-port "$profile_admin_port" --max-batch-size 16
-                   --seq-levels 2 --passes 1 --held-out 4 --finetune-steps 2) ;;
+    # Decode shapes only (the temporal stage measures the job alone); one pass and few held-out shapes: the
+    # stage's time, after the two workers.
+    profile) ARGV=(profile --model-path "$model" --out "$work/profile/profile.json" --port "$profile_port"
+                   --admin-port "$profile_admin_port" --max-batch-size 16 --seq-levels 2 --passes 1 --held-out 4) ;;
   esac
 }
 

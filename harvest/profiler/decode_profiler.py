@@ -30,6 +30,7 @@ from predictor.sampling_plan import SamplePoint
 
 NUM_WARMUP_STEPS = 2
 SPARE_STEPS = 4  # requests join the batch over a scheduler loop or two; extra tokens keep the full batch long enough
+SPARE_GROWTH = 4  # each attempt again with 4x the spare steps: a GPU step (2-3 ms) is shorter than the joins
 NUM_ATTEMPTS = 3  # a busy host can stagger the joins past the spare steps; the point is then sent again
 
 
@@ -50,12 +51,12 @@ class DecodeProfiler:
     def measure(self, point: SamplePoint) -> Sample:
         for attempt in range(NUM_ATTEMPTS):
             try:
-                return self._measure_once(point)
+                return self._measure_once(point, SPARE_STEPS * SPARE_GROWTH ** attempt)
             except _TooFewSteps as e:
                 if attempt == NUM_ATTEMPTS - 1:
                     raise HarvestError(str(e)) from None
 
-    def _measure_once(self, point: SamplePoint) -> Sample:
+    def _measure_once(self, point: SamplePoint, spare_steps: int) -> Sample:
         if self.can_pin:
             self._pin(point.infer_sms, point.ft_sms)
         elif (point.infer_sms, point.ft_sms) != (self.grid.num_sms, 0):
@@ -63,7 +64,7 @@ class DecodeProfiler:
                 f"partition ({point.infer_sms}, {point.ft_sms}) cannot be forced through this worker; "
                 "only the whole-device solo partition is profiled live"
             )
-        num_new_tokens = NUM_WARMUP_STEPS + self.num_repeats + SPARE_STEPS
+        num_new_tokens = NUM_WARMUP_STEPS + self.num_repeats + spare_steps
         # KV grows by one token per step: start half the run below seq_len so the mean lands on it.
         prompt_len = max(1, point.seq_len - num_new_tokens // 2)
         since = read_last_step_seq(self.admin_url)
