@@ -48,15 +48,16 @@ CARRY_LIMIT_BYTES=$((60 * 1024 * 1024))
 mkdir -p "$work/home" "$work/tmp"
 export HOME=$work/home TMPDIR=$work/tmp XDG_CACHE_HOME=$work/home/.cache TRITON_CACHE_DIR=$work/home/.triton/cache
 
-# name, cap in seconds, what it does
+# name, cap in seconds, what it does; a worker's cap holds a cold start to serving (161 s on an H200), the job's
+# first step (~40 s more), --alone-s and the replay (eval/results/2026-11-27-h200-2/)
 STAGES=(
   "facts 20 GPU, driver, CUDA, cuda-bindings, nvcc, commit -> facts.json"
   "install 120 the bundle installed offline into .first-light/site"
   "native 90 csrc/ built here (the CUDA VMM backend with nvcc; the stub's symbols come from the installed sgl_kernel)"
   "model 60 random Llama-3.2-1B (bf16, drawn on the GPU) with a small tokenizer, and the LoRA job"
   "decision 30 plan + observe on this host's CPU (harvest bench predictor, the synthetic H100 profile) -> decision.json"
-  "temporal 260 temporal worker with the job, once it runs --alone-s alone then a --window conv replay -> temporal.tgz"
-  "spatial 220 spatial worker pinned to 64,56 SMs with the job, once it runs a --window conv replay -> spatial.tgz"
+  "temporal 300 temporal worker with the job, once it runs --alone-s alone then a --window conv replay -> temporal.tgz"
+  "spatial 240 spatial worker pinned to 64,56 SMs with the job, once it runs a --window conv replay -> spatial.tgz"
   "profile 200 harvest profile, solo: decode shapes of the served model, held-out error -> profile.tgz"
   "doctor 100 harvest doctor, every check but the interference one -> doctor.jsonl"
   "interference 40 decode beside a saturating finetune partition, %smid confinement -> interference.jsonl"
