@@ -138,10 +138,14 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a r
     sleep 1
   done
   echo "$1: serving after $(( $(date +%s) - stage_start ))s"
-  # The replay measures the job at work, not its engine being built (run 3 of 2026-11-27: the first 15-30 s)
+  # The replay measures the job at work, not its engine being built (run 3 of 2026-11-27: the first 15-30 s).
+  # A job still building 30 s after serving gets its stacks dumped once: the spatial H200 worker's build
+  # waited for the first request (eval/results/2026-11-27-h200-2/), the stacks say on what.
+  local serving=$(date +%s) dumped=0
   while [ $(( stage_deadline - $(date +%s) )) -gt 75 ]; do
     http_get "http://127.0.0.1:$admin_port/harvest/stats" 2>/dev/null | "$python" -c \
       "import json, sys; sys.exit(json.load(sys.stdin)['finetune'].get('state') != 'running')" && break
+    if [ $dumped = 0 ] && [ $(( $(date +%s) - serving )) -ge 30 ]; then dump_stacks $pid; dumped=1; fi
     sleep 1
   done
   echo "$1: job running after $(( $(date +%s) - stage_start ))s"
