@@ -159,7 +159,7 @@ def finetune():
 
 (a, t0), _ = finetune(), time.sleep(float(sys.argv[2]))
 b, t1 = finetune()
-print(json.dumps({"seconds": round(t1 - t0, 2), "tokens": b["tokens"] - a["tokens"], "steps": b["step"] - a["step"],
+print(json.dumps({"seconds": round(t1 - t0, 2), "tokens": b["tokens"] - a["tokens"], "steps": b.get("step", 0) - a.get("step", 0),
                   "tokens_per_s": round((b["tokens"] - a["tokens"]) / (t1 - t0), 1), "state": b["state"]}))
 EOF3
     echo "$1: alone $(cat "$dir/alone.json")"

@@ -51,7 +51,7 @@ def test_bench_slo_classifies_every_miss_and_the_job_never_plans_past_the_target
     bench_slo.add_arguments(parser)
     args = parser.parse_args(["--model-path", str(tiny_model_dir), "--window-s", "20", "--max-context-tokens", "96",
                               "--max-generated-tokens", "16", "--max-total-tokens", "4096",
-                              "--publish-every-steps", "20", "--log-dir", str(tmp_path)])
+                              "--publish-every-steps", "5", "--log-dir", str(tmp_path)])
     result = bench_slo.run(args)
     steps = json.loads(Path(result["steps_file"]).read_text())
     alone, harvest = result["decode_alone"], result["harvest"]

@@ -300,6 +300,10 @@ def test_publishing_during_a_replay_is_charged_to_steps_within_the_target(publis
     try:
         LiveReplay(worker.url, worker.admin_url, TPOT_SLO_MS, max_concurrency=8).run(
             load_trace("poisson:rate=4,duration=8,seed=3").cap_lengths(32, 16))
+        # Two versions served while requests name the adapter, however few steps a slow host trained in the
+        # replay (2026-11-27: 17): one replaced by the next is what is checked.
+        wait_for_stats(worker.admin_url, lambda s: s["finetune"]["published"]["num_published"]
+                       >= before["num_published"] + 2, "two versions served while the adapter is named")
     finally:
         replaying.clear()
         by_name.join()
