@@ -245,22 +245,12 @@ stage_interference() { argv_for interference; hv "${ARGV[@]}" >"$out/interferenc
 stage_decision() { argv_for decision; hv "${ARGV[@]}" >"$out/decision.json"; }
 
 stage_profile() {
-  local rc
   rm -rf "$work/profile" && mkdir -p "$work/profile"
   argv_for profile
   hv "${ARGV[@]}" >"$work/profile/summary.json" 2>"$work/profile/profile.log"
-  rc=$?
-  pack_profile
-  return $rc
 }
 
-pack_profile() {  # what the profile stage left, whatever its outcome, into $OUT/profile.tgz
-  local log
-  for log in "$TMPDIR"/harvest-profile-*/worker.log; do [ -f "$log" ] && tail -c 2000000 "$log" >"$work/profile/worker.log.tail"; done
-  tar czf "$out/profile.tgz" -C "$work" profile
-}
-
-pack_run() {  # $1 temporal|spatial: what the run left, whatever its outcome, into $OUT/$1.tgz
+pack_run() {  # $1 temporal|spatial|profile: what the stage left, whatever its outcome, into $OUT/$1.tgz
   [ -d "$work/$1" ] || return 0
   tail -c 2000000 "$work/$1/worker.log" >"$work/$1/worker.log.tail" 2>/dev/null
   tar czf "$out/$1.tgz" -C "$work" --exclude worker.log "$1"
@@ -305,7 +295,7 @@ if [ $dry_run = 1 ]; then
 fi
 
 mkdir -p "$out"
-export -f hv argv_for http_get free_ports dump_stacks run_worker pack_profile $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
+export -f hv argv_for http_get free_ports dump_stacks run_worker $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
 started=$(date +%s)
 for entry in "${STAGES[@]}"; do
   read -r name cap desc <<<"$entry"
@@ -317,11 +307,13 @@ for entry in "${STAGES[@]}"; do
   t0=$(date +%s); export stage_start=$t0 stage_deadline=$((t0 + limit))
   timeout -k 5 "$limit" bash -c "stage_$name" >>"$out/stages.log" 2>&1
   rc=$?
-  if [ "$name" = temporal ] || [ "$name" = spatial ]; then pack_run "$name"; free_ports >>"$out/stages.log" 2>&1; fi
-  if [ "$name" = profile ]; then
-    [ -f "$out/profile.tgz" ] || pack_profile 2>/dev/null
-    free_ports "$profile_port" "$profile_admin_port" >>"$out/stages.log" 2>&1
-  fi
+  case "$name" in
+    temporal|spatial) pack_run "$name"; free_ports >>"$out/stages.log" 2>&1 ;;
+    # The profile's worker logs into its own temporary folder (harvest profile's summary names it)
+    profile) log=$(ls -d "$TMPDIR"/harvest-profile-*/worker.log 2>/dev/null | tail -1)
+             [ -n "$log" ] && ln -sf "$log" "$work/profile/worker.log"
+             pack_run profile; free_ports "$profile_port" "$profile_admin_port" >>"$out/stages.log" 2>&1 ;;
+  esac
   echo "== $name rc=$rc in $(( $(date +%s) - t0 ))s" | tee -a "$out/stages.log"
 done
 echo "first light done in $(( $(date +%s) - started ))s: $out"
