@@ -125,6 +125,16 @@ for p in psutil.Process(int(sys.argv[1])).children(recursive=True):
 EOF2
 }
 
+kick_request() {  # one 4-token request with its prompt prefilled (what the replay sends), logged with its time
+  "$python" - "http://127.0.0.1:$port" <<'EOF4'
+import sys, time, httpx
+from harvest.worker.client import prefilled_request
+started = time.time()
+reply = httpx.post(f"{sys.argv[1]}/generate", json=prefilled_request([1, 2, 3, 4], 4, room=0), timeout=30)
+print(f"kick_request: {reply.status_code} at {time.strftime('%H:%M:%S', time.gmtime(started))} in {time.time() - started:.2f} s")
+EOF4
+}
+
 run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a replay, its stats and step records
   local dir=$work/$1 pid poller rc=1 i left
   rm -rf "$dir" && mkdir -p "$dir"
@@ -139,13 +149,19 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a r
   done
   echo "$1: serving after $(( $(date +%s) - stage_start ))s"
   # The replay measures the job at work, not its engine being built (run 3 of 2026-11-27: the first 15-30 s).
-  # A job still building 30 s after serving gets its stacks dumped once: the spatial H200 worker's build
-  # waited for the first request (eval/results/2026-11-27-h200-2/), the stacks say on what.
-  local serving=$(date +%s) dumped=0
+  # A job still building 30 s after serving gets its stacks dumped, twice 10 s apart (stuck, or slow?), and at
+  # 45 s one short request: the spatial H200 worker's build waited for the first request
+  # (eval/results/2026-11-27-h200-2/); the stacks say on what, the request's time in the log whether it frees it.
+  local serving=$(date +%s) acts=(30 40 45) since
   while [ $(( stage_deadline - $(date +%s) )) -gt 75 ]; do
     http_get "http://127.0.0.1:$admin_port/harvest/stats" 2>/dev/null | "$python" -c \
       "import json, sys; sys.exit(json.load(sys.stdin)['finetune'].get('state') != 'running')" && break
-    if [ $dumped = 0 ] && [ $(( $(date +%s) - serving )) -ge 30 ]; then dump_stacks $pid; dumped=1; fi
+    since=$(( $(date +%s) - serving ))
+    if [ ${#acts[@]} -gt 0 ] && [ $since -ge ${acts[0]} ]; then
+      if [ ${#acts[@]} -gt 1 ]; then dump_stacks $pid
+      else echo "$1: job not running ${since}s after serving: one request"; kick_request; fi
+      acts=("${acts[@]:1}")
+    fi
     sleep 1
   done
   echo "$1: job running after $(( $(date +%s) - stage_start ))s"
@@ -295,7 +311,7 @@ if [ $dry_run = 1 ]; then
 fi
 
 mkdir -p "$out"
-export -f hv argv_for http_get free_ports dump_stacks run_worker $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
+export -f hv argv_for http_get free_ports dump_stacks kick_request run_worker $(for e in "${STAGES[@]}"; do echo "stage_${e%% *}"; done)
 started=$(date +%s)
 for entry in "${STAGES[@]}"; do
   read -r name cap desc <<<"$entry"
