@@ -270,9 +270,14 @@ class HarvestRuntime:
         if self.controller is not None:
             self.controller.charge_publish_ms(duration_ms)
 
-    def on_idle(self, kv_demand_slots: int = 0) -> None:
-        if self.controller is not None:
-            self.metrics.finetune_tokens.inc(self.controller.on_idle(kv_demand_slots))
+    def on_idle(self, kv_demand_slots: int = 0) -> bool:
+        """No decode batch: the job's idle turn. True if a unit ran (the loop comes straight back for the next),
+        False if there was none to run."""
+        if self.controller is None:
+            return False
+        num_units = self.controller.num_units_idle
+        self.metrics.finetune_tokens.inc(self.controller.on_idle(kv_demand_slots))
+        return self.controller.num_units_idle > num_units
 
     # ---- admin thread ----
 

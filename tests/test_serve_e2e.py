@@ -2,6 +2,7 @@
 
 import asyncio
 import signal
+import time
 
 import httpx
 import psutil
@@ -54,6 +55,22 @@ def test_decode_steps_are_counted_by_harvest_inside_the_scheduler(worker):
     assert after["step_latency_ms_p50"] > 0
     assert after["step_latency_ms_p99"] >= after["step_latency_ms_p50"]
     assert after["uptime_s"] > before["uptime_s"]
+
+
+def test_an_idle_scheduler_waits_for_requests_off_the_interpreter_lock(worker):
+    """With no decode batch and no finetune unit to run, the scheduler thread waits on its request sockets
+    (idle_wait.py) instead of spinning: the scheduler process uses under half a core while idle, where SGLang's
+    spinning loop keeps one busy (and starves the process's other threads of the interpreter lock). A request
+    still wakes it: the worker answers one at once after the idle spell."""
+    scheduler = next(p for p in psutil.Process(worker.proc.pid).children(recursive=True)
+                     if "sglang::scheduler" in " ".join(p.cmdline()))
+    before, started = scheduler.cpu_times(), time.monotonic()
+    time.sleep(3.0)
+    after, elapsed = scheduler.cpu_times(), time.monotonic() - started
+    busy_s = (after.user + after.system) - (before.user + before.system)
+    assert busy_s < 0.5 * elapsed, f"the idle scheduler used {busy_s:.2f} s of CPU in {elapsed:.2f} s"
+    results = asyncio.run(_generate_concurrently(worker.url, [4]))
+    assert [len(r["output_ids"]) for r in results] == [4]
 
 
 def test_metrics_and_admin_errors(worker):
