@@ -3,13 +3,13 @@
 # included, carried in one device call (the checkout and the bundle's parts <= 60 MiB).
 #
 #   scripts/gpu_first_light.sh [--dry-run] [--bundle DIR] [--budget-s N] [--only NAME,...]
-#                              [--window 30s] [--alone-s 20]
+#                              [--window 30s|0] [--alone-s 20]
 #
 # Stages, in the order that leaves results when the run is cut off: facts -> install -> native build (after
 # the install: the driver stub's symbols come from sgl_kernel) -> model make (Llama-3.2-1B shape, random
 # weights) -> decision cost (plan + observe on this host's CPU) -> temporal worker with the job: --alone-s
 # with no requests (the job alone on the whole GPU, the harvest ratio's denominator), then a --window
-# replay -> a replay on a spatial worker pinned to a partition -> solo decode profile of the served model ->
+# replay (--window 0: none, the job alone only) -> a replay on a spatial worker pinned to a partition -> solo decode profile of the served model ->
 # doctor -> interference check.
 # Each stage runs under `timeout` (its cap, or what is left of --budget-s) and writes into $OUT as it
 # finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, decision.json,
@@ -152,8 +152,10 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a r
   # A job still building 30 s after serving gets its stacks dumped, twice 10 s apart (stuck, or slow?), and at
   # 45 s one short request: the spatial H200 worker's build waited for the first request
   # (eval/results/2026-11-27-h200-2/); the stacks say on what, the request's time in the log whether it frees it.
-  local serving=$(date +%s) acts=(30 40 45) since
-  while [ $(( stage_deadline - $(date +%s) )) -gt 75 ]; do
+  # what the stage keeps after the job alone: the replay and the drain, or the drain alone
+  local serving=$(date +%s) acts=(30 40 45) since tail_s=75
+  [ "$window" = 0 ] && tail_s=30
+  while [ $(( stage_deadline - $(date +%s) )) -gt $tail_s ]; do
     http_get "http://127.0.0.1:$admin_port/harvest/stats" 2>/dev/null | "$python" -c \
       "import json, sys; sys.exit(json.load(sys.stdin)['finetune'].get('state') != 'running')" && break
     since=$(( $(date +%s) - serving ))
@@ -166,7 +168,7 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a r
   done
   echo "$1: job running after $(( $(date +%s) - stage_start ))s"
   # The job alone on the whole device, no requests: the harvest ratio's denominator (temporal only: time)
-  if [ "$1" = temporal ] && [ $(( stage_deadline - $(date +%s) )) -gt $(( 75 + alone_s )) ]; then
+  if [ "$1" = temporal ] && [ $(( stage_deadline - $(date +%s) )) -gt $(( tail_s + alone_s )) ]; then
     "$python" - "http://127.0.0.1:$admin_port/harvest/stats" "$alone_s" >"$dir/alone.json" <<'EOF3'
 import json, sys, time, urllib.request
 
@@ -187,12 +189,16 @@ EOF3
     done >"$dir/stats.jsonl" ) &
   poller=$!
   # The replay ends 30 s before the stage's deadline, leaving time for the stacks, the stats and the drain
-  left=$(( stage_deadline - $(date +%s) - 30 ))
-  argv_for "replay_$1"
-  timeout -k 5 $(( left > 10 ? left : 10 )) "$python" -m harvest.cli.main "${ARGV[@]}" >"$dir/replay.log" 2>&1
-  rc=$?
-  echo "$1: replay rc=$rc after $(( $(date +%s) - stage_start ))s"
-  [ $rc = 124 ] && { dump_stacks $pid; sleep 3; }
+  if [ "$window" != 0 ]; then
+    left=$(( stage_deadline - $(date +%s) - 30 ))
+    argv_for "replay_$1"
+    timeout -k 5 $(( left > 10 ? left : 10 )) "$python" -m harvest.cli.main "${ARGV[@]}" >"$dir/replay.log" 2>&1
+    rc=$?
+    echo "$1: replay rc=$rc after $(( $(date +%s) - stage_start ))s"
+    [ $rc = 124 ] && { dump_stacks $pid; sleep 3; }
+  else
+    rc=0
+  fi
   http_get "http://127.0.0.1:$admin_port/harvest/stats" >"$dir/stats.json"
   http_get "http://127.0.0.1:$admin_port/harvest/steps?limit=10000" >"$dir/steps.json"
   kill $poller 2>/dev/null
