@@ -154,7 +154,7 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a r
   # (eval/results/2026-11-27-h200-2/); the stacks say on what, the request's time in the log whether it frees it.
   # what the stage keeps after the job alone: the replay and the drain, or the drain alone
   local serving=$(date +%s) acts=(30 40 45) since tail_s=75
-  [ "$window" = 0 ] && tail_s=30
+  [ "$window" = 0 ] && tail_s=25
   while [ $(( stage_deadline - $(date +%s) )) -gt $tail_s ]; do
     http_get "http://127.0.0.1:$admin_port/harvest/stats" 2>/dev/null | "$python" -c \
       "import json, sys; sys.exit(json.load(sys.stdin)['finetune'].get('state') != 'running')" && break
