@@ -59,7 +59,7 @@ def test_decode_steps_are_counted_by_harvest_inside_the_scheduler(worker):
 
 def test_an_idle_scheduler_waits_for_requests_off_the_interpreter_lock(worker):
     """With no decode batch and no finetune unit to run, the scheduler thread waits on its request sockets
-    (idle_wait.py) instead of spinning: the scheduler process uses under half a core while idle, where SGLang's
+    (request_wait.py) instead of spinning: the scheduler process uses under half a core while idle, where SGLang's
     spinning loop keeps one busy (and starves the process's other threads of the interpreter lock). A request
     still wakes it: the worker answers one at once after the idle spell."""
     scheduler = next(p for p in psutil.Process(worker.proc.pid).children(recursive=True)

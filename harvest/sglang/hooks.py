@@ -15,7 +15,7 @@ Hooked (the SGLang of version.py: disaggregation/decode.py event loops, model_ru
                                           its partition's stream (step_streams.py)
   Scheduler.process_batch_result  AFTER   its tokens are out: time it, give finetune what it left
   Scheduler.on_idle               AFTER   no batch to run: one finetune unit, or none to run: wait for a request
-                                          off the interpreter lock (idle_wait.py)
+                                          off the interpreter lock (request_wait.py)
   Scheduler._check_full_pool      AROUND  the idle leak check counts lent slots as accounted for
   Scheduler.load_lora_adapter_from_tensors  AROUND  a published adapter's load, timed and charged
   Scheduler.unload_lora_adapter   AROUND  an old version's unload, timed and charged
@@ -39,7 +39,7 @@ from allocator import AllocatorConfig, UnifiedAllocator
 from base.errors import HarvestError
 from harvest.config import ServeConfig
 from harvest.runtime import HarvestRuntime
-from harvest.sglang.idle_wait import IdleWait
+from harvest.sglang.request_wait import RequestWait
 from harvest.sglang.step_streams import StepStreams
 from harvest.sglang.stream_groups import StreamGroups
 from harvest.sglang.version import require_pinned_sglang
@@ -99,7 +99,7 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 
-    state = {"allocator": None, "stream_groups": None, "step_streams": None, "idle_wait": None}
+    state = {"allocator": None, "stream_groups": None, "step_streams": None, "request_wait": None}
 
     @start_up_hook
     def around_maybe_init_pdmux(maybe_init_pdmux, graph_runner, *args, **kwargs):
@@ -215,9 +215,9 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         ran_unit = runtime.on_idle(kv_demand_slots(scheduler) if runtime.lender else 0)
         # A transfer in flight (disaggregation's queues) is polled by the loop: only a fully idle one waits.
         if not ran_unit and scheduler.is_fully_idle():
-            if state["idle_wait"] is None:
-                state["idle_wait"] = IdleWait(scheduler)
-            state["idle_wait"].wait()
+            if state["request_wait"] is None:
+                state["request_wait"] = RequestWait(scheduler)
+            state["request_wait"].wait()
         return result
 
     HookRegistry.register(f"{CUDA_GRAPH_RUNNER}.maybe_init_pdmux", around_maybe_init_pdmux, HookType.AROUND)

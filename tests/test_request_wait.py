@@ -1,4 +1,4 @@
-"""The idle scheduler's wait (harvest/sglang/idle_wait.py) on real zmq sockets: a request already sent or sent
+"""The idle scheduler's wait (harvest/sglang/request_wait.py) on real zmq sockets: a request already sent or sent
 during the wait ends it at once; with none it lasts its timeout; a rank with no request socket does not wait."""
 
 import threading
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import zmq
 
-from harvest.sglang.idle_wait import IdleWait
+from harvest.sglang.request_wait import RequestWait
 
 
 def socket_pair(context):
@@ -18,9 +18,9 @@ def socket_pair(context):
     return pull, push
 
 
-def timed_wait(idle_wait, timeout_ms):
+def timed_wait(request_wait, timeout_ms):
     started = time.monotonic()
-    idle_wait.wait(timeout_ms)
+    request_wait.wait(timeout_ms)
     return time.monotonic() - started
 
 
@@ -28,17 +28,17 @@ def test_a_request_ends_the_wait_and_none_lets_it_run_its_timeout():
     context = zmq.Context()
     pull, push = socket_pair(context)
     try:
-        idle_wait = IdleWait(SimpleNamespace(recv_from_tokenizer=pull, recv_from_rpc=None))
-        assert timed_wait(idle_wait, 50) >= 0.045  # nothing came: the whole timeout
+        request_wait = RequestWait(SimpleNamespace(recv_from_tokenizer=pull, recv_from_rpc=None))
+        assert timed_wait(request_wait, 50) >= 0.045  # nothing came: the whole timeout
         push.send(b"request")
-        assert timed_wait(idle_wait, 10_000) < 5.0  # already waiting to be read: at once
+        assert timed_wait(request_wait, 10_000) < 5.0  # already waiting to be read: at once
         pull.recv()
         threading.Timer(0.2, push.send, args=(b"request",)).start()
-        assert timed_wait(idle_wait, 10_000) < 5.0  # arrives during the wait: woken by it
+        assert timed_wait(request_wait, 10_000) < 5.0  # arrives during the wait: woken by it
     finally:
         pull.close(linger=0), push.close(linger=0), context.term()
 
 
 def test_a_rank_without_request_sockets_does_not_wait():
-    idle_wait = IdleWait(SimpleNamespace(recv_from_tokenizer=None, recv_from_rpc=None))
-    assert timed_wait(idle_wait, 10_000) < 5.0
+    request_wait = RequestWait(SimpleNamespace(recv_from_tokenizer=None, recv_from_rpc=None))
+    assert timed_wait(request_wait, 10_000) < 5.0
