@@ -9,8 +9,8 @@
 # the install: the driver stub's symbols come from sgl_kernel) -> model make (Llama-3.2-1B shape, random
 # weights) -> decision cost (plan + observe on this host's CPU) -> temporal worker with the job: --alone-s
 # with no requests (the job alone on the whole GPU, the harvest ratio's denominator), then a --window
-# replay (--window 0: none, the job alone only) -> a replay on a spatial worker pinned to a partition -> solo decode profile of the served model ->
-# doctor -> interference check.
+# replay (--window 0: none, the job alone only) -> a replay on a spatial worker pinned to a partition -> solo
+# decode profile of the served model -> doctor -> interference check.
 # Each stage runs under `timeout` (its cap, or what is left of --budget-s) and writes into $OUT as it
 # finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, decision.json,
 # temporal.tgz, spatial.tgz, profile.tgz, doctor.jsonl, interference.jsonl. --only runs the named stages
@@ -150,9 +150,8 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a r
   echo "$1: serving after $(( $(date +%s) - stage_start ))s"
   # The replay measures the job at work, not its engine being built (run 3 of 2026-11-27: the first 15-30 s).
   # A job still building 30 s after serving gets its stacks dumped, twice 10 s apart (stuck, or slow?), and at
-  # 45 s one short request: the spatial H200 worker's build waited for the first request
-  # (eval/results/2026-11-27-h200-2/); the stacks say on what, the request's time in the log whether it frees it.
-  # what the stage keeps after the job alone: the replay and the drain, or the drain alone
+  # 45 s one short request (does a step free it?): so a late job of eval/results/2026-11-27-h200-3/ was traced
+  # to SGLang's spinning idle loop. tail_s: what the stage keeps after the job alone (replay and drain).
   local serving=$(date +%s) acts=(30 40 45) since tail_s=75
   [ "$window" = 0 ] && tail_s=25
   while [ $(( stage_deadline - $(date +%s) )) -gt $tail_s ]; do

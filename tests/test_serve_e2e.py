@@ -61,7 +61,7 @@ def test_an_idle_scheduler_waits_for_requests_off_the_interpreter_lock(worker):
     """With no decode batch and no finetune unit to run, the scheduler thread waits on its request sockets
     (request_wait.py) instead of spinning: the scheduler process uses under half a core while idle, where SGLang's
     spinning loop keeps one busy (and starves the process's other threads of the interpreter lock). A request
-    still wakes it: the worker answers one at once after the idle spell."""
+    still wakes it: the worker answers one after the idle spell."""
     scheduler = next(p for p in psutil.Process(worker.proc.pid).children(recursive=True)
                      if "sglang::scheduler" in " ".join(p.cmdline()))
     before, started = scheduler.cpu_times(), time.monotonic()
