@@ -2,8 +2,8 @@
 
 import pytest
 
-from base.errors import HarvestError
 from base.argv import port_flag
+from base.errors import HarvestError
 from harvest.sglang.launcher import build_sglang_argv
 
 
@@ -32,6 +32,14 @@ def test_only_decode_mode():
     assert "decode" in build_sglang_argv("/m", ["--disaggregation-mode=decode"], is_cpu_host=False, has_job=False)
     with pytest.raises(HarvestError, match="decode worker"):
         build_sglang_argv("/m", ["--disaggregation-mode=prefill"], is_cpu_host=False, has_job=False)
+
+
+def test_sleep_on_idle_is_refused_with_a_job_and_passed_without():
+    """SGLang's own idle sleep (a second a turn) would starve the job's idle units; a worker that only serves may
+    have it."""
+    with pytest.raises(HarvestError, match="--sleep-on-idle"):
+        build_sglang_argv("/m", ["--sleep-on-idle"], is_cpu_host=True, has_job=True)
+    assert "--sleep-on-idle" in build_sglang_argv("/m", ["--sleep-on-idle"], is_cpu_host=True, has_job=False)
 
 
 def test_port_flag():

@@ -79,6 +79,10 @@ def build_sglang_argv(model_path: str, passthrough: list[str], is_cpu_host: bool
     mode = flag_value(passthrough, "--disaggregation-mode")
     if mode not in (None, "decode"):
         raise HarvestError(f"--disaggregation-mode {mode}: harvest runs only as a decode worker")
+    if has_job and has_flag(passthrough, "--sleep-on-idle"):
+        raise HarvestError("--sleep-on-idle: SGLang would sleep up to a second every idle turn, so the finetune "
+                           "job would train one unit a second while idle; harvest waits for requests itself "
+                           "when there is no unit to run")
     argv = ["--model-path", model_path, "--disaggregation-mode", "decode", *passthrough]
     for flag, values in worker_flags(is_cpu_host, has_job).items():
         if not has_flag(passthrough, flag):
