@@ -2,19 +2,12 @@
 
     python job_start.py WORK_DIR LABEL [harvest serve flags...]   (run from the checkout to measure)
 """
-import json, socket, sys, time
+import json, sys, time
 from pathlib import Path
 import httpx, yaml
 from harvest.models.tiny_llama import build_tiny_llama
-from harvest.worker.process import WorkerProcess
+from harvest.worker.process import WorkerProcess, free_ports
 from harvest.finetune.demo.tiny_job import TINY_JOB
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 work = Path(sys.argv[1]); work.mkdir(parents=True, exist_ok=True)
 model = work / "tiny" if (work / "tiny").exists() else build_tiny_llama(work / "tiny")
@@ -22,7 +15,7 @@ job = {**TINY_JOB, "model_name_or_path": str(model), "output_dir": str(work / "a
 (work / "job.yaml").write_text(yaml.safe_dump(job))
 args = ["--model-path", str(model), "--max-total-tokens", "16384", "--finetune", str(work / "job.yaml"), "--tpot-slo-ms", "300", *sys.argv[3:]]
 t0 = time.monotonic()
-with WorkerProcess(args, free_port(), free_port(), work / f"{sys.argv[2]}.log").start() as w:
+with WorkerProcess(args, *free_ports(2), work / f"{sys.argv[2]}.log").start() as w:
     serving = time.monotonic()
     while True:
         s = httpx.get(f"{w.admin_url}/harvest/stats", timeout=60).json()
