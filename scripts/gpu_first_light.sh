@@ -152,11 +152,12 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a r
   # A job still building 30 s after serving gets its stacks dumped, twice 10 s apart (stuck, or slow?), and at
   # 45 s one short request (does a step free it?): so a late job of eval/results/2026-11-27-h200-3/ was traced
   # to SGLang's spinning idle loop. tail_s: what the stage keeps after the job alone (replay and drain).
-  local serving=$(date +%s) acts=(30 40 45) since tail_s=75
+  local serving=$(date +%s) acts=(30 40 45) since tail_s=75 job_state="not running"
   [ "$window" = 0 ] && tail_s=25
   while [ $(( stage_deadline - $(date +%s) )) -gt $tail_s ]; do
     http_get "http://127.0.0.1:$admin_port/harvest/stats" 2>/dev/null | "$python" -c \
-      "import json, sys; sys.exit(json.load(sys.stdin)['finetune'].get('state') != 'running')" && break
+      "import json, sys; sys.exit(json.load(sys.stdin)['finetune'].get('state') != 'running')" && {
+      job_state=running; break; }
     since=$(( $(date +%s) - serving ))
     if [ ${#acts[@]} -gt 0 ] && [ $since -ge ${acts[0]} ]; then
       if [ ${#acts[@]} -gt 1 ]; then dump_stacks $pid
@@ -165,7 +166,7 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a r
     fi
     sleep 1
   done
-  echo "$1: job running after $(( $(date +%s) - stage_start ))s"
+  echo "$1: job $job_state after $(( $(date +%s) - stage_start ))s"  # not running: the wait ran out
   # The job alone on the whole device, no requests: the harvest ratio's denominator (temporal only: time)
   if [ "$1" = temporal ] && [ $(( stage_deadline - $(date +%s) )) -gt $(( tail_s + alone_s )) ]; then
     "$python" - "http://127.0.0.1:$admin_port/harvest/stats" "$alone_s" >"$dir/alone.json" <<'EOF3'
