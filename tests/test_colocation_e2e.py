@@ -46,12 +46,13 @@ def test_bench_slo_classifies_every_miss_and_the_job_never_plans_past_the_target
     alone beside the paused job trains nothing; with the job running and publishing, every step past the target
     has a cause, none of them the slice as the controller planned it (its admission rule keeps each unit within
     what the step left by the unit's estimate; a unit that outruns its estimate is host noise, counted apart),
-    and the job trains and publishes (the adapter loads charged to steps)."""
+    and the job trains and publishes every step (however few steps a slow host trains in the window: the bench
+    waits for the version due at its end). The loads' charge to steps: tests/test_finetune_publish.py."""
     parser = argparse.ArgumentParser()
     bench_slo.add_arguments(parser)
     args = parser.parse_args(["--model-path", str(tiny_model_dir), "--window-s", "20", "--max-context-tokens", "96",
                               "--max-generated-tokens", "16", "--max-total-tokens", "4096",
-                              "--publish-every-steps", "5", "--log-dir", str(tmp_path)])
+                              "--publish-every-steps", "1", "--log-dir", str(tmp_path)])
     result = bench_slo.run(args)
     steps = json.loads(Path(result["steps_file"]).read_text())
     alone, harvest = result["decode_alone"], result["harvest"]
@@ -64,8 +65,8 @@ def test_bench_slo_classifies_every_miss_and_the_job_never_plans_past_the_target
                                                                              * row["num_steps"])
         assert row["misses_by_cause"]["slice"] == 0, [m for m in missed if m[0] == "slice"]
     assert harvest["optimizer_steps"] > 0 and harvest["finetune_tokens"] > 0
-    assert harvest["published"] >= 1
-    assert sum(s["publish_ms"] for s in steps["harvest"]) > 0, "no adapter load was charged to a step"
+    published = harvest["published"]
+    assert published["num_published"] >= 1 and published["num_failed"] == 0 and published["error"] is None, published
     assert result["verdict"].startswith(("ok", "MISS"))
 
 

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> dict:
         steps = _replay(worker, args, rate_scale, tpot_slo_ms)
         replay_s = time.perf_counter() - replay_started
         stats = read_stats(worker.admin_url)
+        published = _wait_published(worker, stats["finetune"]["step"], args.publish_every_steps)
     (log_dir / "steps.json").write_text(json.dumps({"decode_alone": alone_steps, "harvest": steps}))
 
     alone_row = _row(alone_steps, tpot_slo_ms)
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> dict:
         "loss_first_epoch": round(float(np.mean(losses[:epoch_steps])), 4) if losses else None,
         "loss_last_epoch": round(float(np.mean(losses[-epoch_steps:])), 4) if losses else None,
         "chunks_lent": stats["memory"].get("chunks_lent"),
-        "published": (stats["finetune"].get("published") or {}).get("num_published"),
+        "published": published,
     }
     return {
         "verdict": _verdict(alone_row, harvest_row),
@@ -166,6 +167,22 @@ def _write_job(log_dir: Path, model_path: str, args: argparse.Namespace) -> Path
     path = log_dir / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
+
+
+def _wait_published(worker: WorkerProcess, step: int, every_steps: int) -> dict | None:
+    """The publisher's counts once it served (or failed) the version due by the replay's end (its last optimizer
+    step rounded down to a multiple of `every_steps`): a load in flight when the replay ended still counts."""
+    if every_steps <= 0:
+        return None
+    due_step = step - step % every_steps
+
+    def settled(stats: dict) -> bool:
+        published = stats["finetune"].get("published") or {}
+        return due_step == 0 or (published.get("step") or 0) >= due_step or published.get("error") is not None
+
+    published = wait_for_stats(worker.admin_url, settled, f"the version of step {due_step} served",
+                               timeout_s=JOB_WAIT_S)["finetune"].get("published") or {}
+    return {key: published.get(key) for key in ("num_published", "num_dropped", "num_failed", "error")}
 
 
 def _admin_post(worker: WorkerProcess, path: str) -> dict:
