@@ -43,6 +43,11 @@ from harvest.jobs.worker_jobs import WorkerJobs
 from harvest.step_stats import DecodeStep, SloTracker, StepStats
 from predictor import Profile, SplitPlanner
 
+IDLE_WAIT_MS = 20.0
+"""The longest an idle worker waits for a request (off the interpreter lock) before the job's next idle turn: a
+job that was built or resumed meanwhile starts that much late."""
+FETCH_WAIT_MS = 1.0
+"""The same while the next unit's layer is fetched (a copy of a millisecond or so on a GPU)."""
 FLEET_BUILD_S = 600.0
 """The longest a fleet worker's start waits for its job's engine to be built, before the join's own timeout."""
 
@@ -270,14 +275,18 @@ class HarvestRuntime:
         if self.controller is not None:
             self.controller.charge_publish_ms(duration_ms)
 
-    def on_idle(self, kv_demand_slots: int = 0) -> bool:
-        """No decode batch: the job's idle turn. True if a unit ran (the loop comes straight back for the next),
-        False if there was none to run."""
+    def on_idle(self, kv_demand_slots: int = 0) -> float:
+        """No decode batch: the job's idle turn. Returns how long the loop may wait for a request before the
+        next turn: 0 after a unit (it comes straight back for the next), FETCH_WAIT_MS while the next unit's
+        layer is fetched, IDLE_WAIT_MS when nothing the job does would make a unit ready sooner (no job, one
+        building, paused, or done)."""
         if self.controller is None:
-            return False
+            return IDLE_WAIT_MS
         num_units = self.controller.num_units_idle
         self.metrics.finetune_tokens.inc(self.controller.on_idle(kv_demand_slots))
-        return self.controller.num_units_idle > num_units
+        if self.controller.num_units_idle > num_units:
+            return 0.0
+        return FETCH_WAIT_MS if self.jobs.job_set.is_fetching else IDLE_WAIT_MS
 
     # ---- admin thread ----
 

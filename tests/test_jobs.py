@@ -7,6 +7,7 @@ from itertools import pairwise
 import pytest
 
 from base.errors import HarvestError
+from harvest.colocation.finetune_job import FinetuneState
 from harvest.jobs import JobSet, JobSpec, JobStore
 from harvest.jobs.job_set import DeadlineError
 from harvest.jobs.job_store import JobRecord
@@ -214,6 +215,23 @@ def test_state_with_nothing_to_run():
     job_set.pause("a")
     job_set.poll()
     assert job_set.state.value == "paused" and not job_set.has_ready_work()
+
+
+def test_only_the_active_jobs_layer_fetch_is_fetching():
+    """What lets the idle loop wait a millisecond instead of until a request (HarvestRuntime.on_idle)."""
+    clock = SimClock()
+    job_set = JobSet(clock)
+    job = sim_job(clock)
+    job_set.submit(spec("a"), job)
+    job_set.poll()
+    assert job_set.active_name == "a" and not job_set.is_fetching
+    job.is_ready, job.state = False, FinetuneState.WAITING
+    job_set.poll()
+    assert job_set.is_fetching and not job_set.has_ready_work()
+    job_set.pause("a")
+    job.state = FinetuneState.PAUSED
+    job_set.poll()
+    assert not job_set.is_fetching
 
 
 # ---- simulation ----

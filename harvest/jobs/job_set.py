@@ -245,6 +245,11 @@ class JobSet:
         return active is not None and not active.is_done and active.job.has_ready_work()
 
     @property
+    def is_fetching(self) -> bool:
+        """The active job's next unit waits for its layer's fetch: it becomes ready by itself, soon."""
+        return self._active is not None and self._active.job.state == FinetuneState.WAITING
+
+    @property
     def state(self) -> FinetuneState:
         if self._active is not None:
             return self._active.job.state

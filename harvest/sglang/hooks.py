@@ -212,12 +212,12 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
         return result
 
     def after_on_idle(result, scheduler, *args, **kwargs):
-        ran_unit = runtime.on_idle(kv_demand_slots(scheduler) if runtime.lender else 0)
+        wait_ms = runtime.on_idle(kv_demand_slots(scheduler) if runtime.lender else 0)
         # A transfer in flight (disaggregation's queues) is polled by the loop: only a fully idle one waits.
-        if not ran_unit and scheduler.is_fully_idle():
+        if wait_ms > 0 and scheduler.is_fully_idle():
             if state["request_wait"] is None:
                 state["request_wait"] = RequestWait(scheduler)
-            state["request_wait"].wait()
+            state["request_wait"].wait(wait_ms)
         return result
 
     HookRegistry.register(f"{CUDA_GRAPH_RUNNER}.maybe_init_pdmux", around_maybe_init_pdmux, HookType.AROUND)

@@ -5,14 +5,11 @@ unit would run while idle). A spinning scheduler thread holds the interpreter lo
 other thread of the process waits for it (up to the switch interval) after each system call or CUDA call that
 let it go: the job's build thread (LlamaFactory's model loader imports every model configuration of
 transformers), the admin server. A job started over a minute late so (eval/results/2026-11-27-h200-3/). A turn in
-which no unit ran therefore waits on the sockets requests come in on (those of SGLang's IdleSleeper), for at
-most REQUEST_WAIT_MS: a request wakes it at once, and a job that becomes ready (built, resumed) waits at most
-that.
+which no unit ran therefore waits on the sockets requests come in on (those of SGLang's IdleSleeper), for as
+long as the runtime says the job lets it (HarvestRuntime.on_idle): a request wakes it at once.
 """
 
 import zmq
-
-REQUEST_WAIT_MS = 20
 
 
 class RequestWait:
@@ -24,6 +21,6 @@ class RequestWait:
         for socket in sockets:
             self._poller.register(socket, zmq.POLLIN)
 
-    def wait(self, timeout_ms: float = REQUEST_WAIT_MS) -> None:
+    def wait(self, timeout_ms: float) -> None:
         if self._poller is not None:
             self._poller.poll(timeout_ms)
