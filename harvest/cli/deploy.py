@@ -16,6 +16,18 @@ from pathlib import Path
 from harvest.cli.model_flag import add_worker_parser
 
 
+PORTS = (
+    ("--router-metrics-port", 29000, "router Prometheus port"),
+    ("--prefill-port", 30010, "prefill worker port"),
+    ("--bootstrap-port", 8998, "prefill KV bootstrap port"),
+    ("--decode-port", 30001, "decode worker port; worker K takes this + K"),
+    ("--admin-port", 30100, "harvest admin port; worker K takes this + K"),
+    ("--first-transfer-port", 31000, "first of the 100 x (1 + N) ports mooncake's RPC may use"),
+    ("--lighthouse-port", 29510, "the fleet's torchft lighthouse (N > 1 with --finetune)"),
+)
+"""Every port the deployment binds besides the router's own (--port), with its default."""
+
+
 def add_parser(subparsers) -> None:
     parser = add_worker_parser(
         subparsers, "deploy", run, description=__doc__.split("\n\n")[0],
@@ -23,20 +35,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address every process binds (default 127.0.0.1)")
     parser.add_argument("--port", "--router-port", dest="router_port", type=int, default=30000,
                         help="router port, where clients send requests (default 30000)")
-    parser.add_argument("--router-metrics-port", type=int, default=29000, help="router Prometheus port (default 29000)")
-    parser.add_argument("--prefill-port", type=int, default=30010, help="prefill worker port (default 30010)")
-    parser.add_argument("--bootstrap-port", type=int, default=8998, help="prefill KV bootstrap port (default 8998)")
-    parser.add_argument("--decode-port", type=int, default=30001,
-                        help="decode worker port; worker K takes this + K (default 30001)")
-    parser.add_argument("--admin-port", type=int, default=30100,
-                        help="harvest admin port; worker K takes this + K (default 30100)")
-    parser.add_argument("--first-transfer-port", type=int, default=31000,
-                        help="first of the 100 x (1 + N) ports mooncake's RPC may use (default 31000)")
+    for flag, default, what in PORTS:
+        parser.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
     parser.add_argument("--decode-workers", type=int, default=1,
                         help="harvest decode workers behind the router; with --finetune and N > 1 they train the job "
                         "as one fleet (default 1)")
-    parser.add_argument("--lighthouse-port", type=int, default=29510,
-                        help="the fleet's torchft lighthouse (N > 1 with --finetune; default 29510)")
     parser.add_argument("--ib-device", default=None,
                         help="RDMA device for the KV transfer, e.g. mlx5_0 (GPU hosts; default: TCP)")
     parser.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool of each worker (default 16384)")
