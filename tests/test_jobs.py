@@ -217,7 +217,7 @@ def test_state_with_nothing_to_run():
     assert job_set.state.value == "paused" and not job_set.has_ready_work()
 
 
-def test_only_the_active_jobs_layer_fetch_is_fetching():
+def test_is_fetching_while_the_active_jobs_layer_is_fetched():
     """What lets the idle loop wait a millisecond instead of until a request (HarvestRuntime.on_idle)."""
     clock = SimClock()
     job_set = JobSet(clock)

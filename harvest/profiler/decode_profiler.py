@@ -31,8 +31,7 @@ from predictor.sampling_plan import SamplePoint
 NUM_WARMUP_STEPS = 2
 SPARE_STEPS = 4  # requests join the batch over a scheduler loop or two; extra tokens keep the full batch long enough
 SPARE_GROWTH = 4  # each attempt again with 4x the spare steps: a GPU step (2-3 ms) is shorter than the joins
-NUM_ATTEMPTS = 4  # a busy host can stagger the joins past the spare steps (past 64 with a second worker on
-# a 2-core host); the point is then sent again
+NUM_ATTEMPTS = 4  # a busy host can stagger the joins past the spare steps; the point is then sent again
 
 
 @dataclass(slots=True)
