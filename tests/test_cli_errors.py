@@ -88,6 +88,12 @@ def test_admin_port_taken_while_the_worker_starts_stops_it_with_one_line(harvest
         (["--fleet", "http://127.0.0.1:9", "--replica-id", "w0", "--fleet-shard", "0/2"], ["--fleet needs --finetune"]),
         (["--tpot-slo-ms", "100", "--profile", "predictor/profiles/synthetic-h100-llama3-8b.json"],
          ["SYNTHETIC", "--allow-synthetic-profile"]),
+        (["--finetune-resume"], ["--finetune-resume needs --finetune"]),
+        # The job's settings are checked before its YAML is read: the error names serve's flag, not the field.
+        (["--finetune", "job.yaml", "--tpot-slo-ms", "50", "--finetune-window-layers", "0"],
+         ["--finetune-window-layers", "got 0"]),
+        (["--finetune", "job.yaml", "--tpot-slo-ms", "50", "--finetune-max-unit-ms", "-1"],
+         ["--finetune-max-unit-ms", "got -1.0"]),
     ],
 )
 def test_bad_serve_flags(harvest_cli, tiny_model_dir, args, fragments):

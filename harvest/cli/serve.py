@@ -18,9 +18,17 @@ from base.system_libs import library_path_with_system_libs
 from harvest.cli.model_flag import add_worker_parser
 from harvest.config import AdminConfig, Colocation, ServeConfig, colocation_mode
 
-# FinetuneConfig fields as `harvest serve` spells them, for error messages.
-SERVE_FLAGS = {"num_window_layers": "--finetune-window-layers", "max_unit_ms": "--finetune-max-unit-ms",
-               "resume": "--finetune-resume"}
+JOB_FLAGS = {
+    "max_unit_ms": ("--finetune-max-unit-ms", {
+        "type": float, "help": "split micro-batches so one unit stays under this (default: the profile's shortest "
+        "decode step, so a pause takes effect within one step; without --profile a quarter of the target)"}),
+    "num_window_layers": ("--finetune-window-layers", {
+        "type": int, "help": "frozen-weight layers resident at once (default: all)"}),
+    "resume": ("--finetune-resume", {
+        "action": "store_true", "help": "continue the job from its last checkpoint in output_dir"}),
+}
+"""The FinetuneConfig fields `harvest serve` sets by flag (dest: the field): each flag is named once, for the
+parser, the config and the errors that name the flag a bad value came from."""
 
 
 def add_parser(subparsers) -> None:
@@ -56,14 +64,8 @@ def add_parser(subparsers) -> None:
     colocation.add_argument("--allow-synthetic-profile", action="store_true",
                             help="run on a SYNTHETIC --profile (made-up numbers, e.g. the shipped H100 one); "
                             "refused without this flag")
-    colocation.add_argument("--finetune-max-unit-ms", type=float, default=None,
-                            help="split micro-batches so one unit stays under this (default: the profile's shortest "
-                            "decode step, so a pause takes effect within one step; without --profile a quarter of "
-                            "the target)")
-    colocation.add_argument("--finetune-window-layers", type=int, default=None,
-                            help="frozen-weight layers resident at once (default: all)")
-    colocation.add_argument("--finetune-resume", action="store_true",
-                            help="continue the job from its last checkpoint in output_dir")
+    for field, (flag, options) in JOB_FLAGS.items():
+        colocation.add_argument(flag, dest=field, **options)
     fleet = parser.add_argument_group("a fleet training one adapter (torchft)")
     fleet.add_argument("--fleet", metavar="LIGHTHOUSE_URL", default=None,
                        help="train the --finetune job with the other workers of this torchft lighthouse: every round "
@@ -152,7 +154,7 @@ def _finetune_config(args: argparse.Namespace, model_path):
     from harvest.finetune.job_validation import check_job, finetune_config
 
     if args.finetune is None:
-        if args.finetune_resume:
+        if args.resume:
             raise HarvestError("--finetune-resume needs --finetune: the job to resume (a job set resumes by "
                                "--jobs-dir)")
         if args.tpot_slo_ms is None or args.colocation == Colocation.OFF.value:
@@ -160,12 +162,12 @@ def _finetune_config(args: argparse.Namespace, model_path):
     elif args.tpot_slo_ms is None or not args.tpot_slo_ms > 0:
         return FinetuneConfig(yaml_path=args.finetune), None  # ServeConfig names the missing or bad --tpot-slo-ms
     # max_unit_ms None: units fit the profile's shortest step, or a quarter of the target without one (unit_bound_ms).
-    config = finetune_config(SERVE_FLAGS, yaml_path=args.finetune, device="cuda" if has_real_driver() else "cpu",
-                             max_unit_ms=args.finetune_max_unit_ms, num_window_layers=args.finetune_window_layers,
-                             resume=args.finetune_resume, served_model_path=str(model_path))
+    flags = {field: flag for field, (flag, _) in JOB_FLAGS.items()}
+    config = finetune_config(flags, yaml_path=args.finetune, device="cuda" if has_real_driver() else "cpu",
+                             served_model_path=str(model_path), **{field: getattr(args, field) for field in JOB_FLAGS})
     if args.finetune is None:
         return config, None
-    llamafactory = check_job(args.finetune, config, resume_flag=SERVE_FLAGS["resume"])
+    llamafactory = check_job(args.finetune, config, resume_flag=flags["resume"])
     return config, llamafactory
 
 
