@@ -22,9 +22,10 @@ from harvest.finetune.demo.tiny_job import write_tiny_job
 @pytest.mark.sglang
 @pytest.mark.timeout(1800)  # over the sglang mark's 900 s: every row's workers run one after another
 def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_path, harvest_cli):
+    """A two-scale sweep: each row is measured at both scales, by one worker (and trainer) for the sweep."""
     job = write_tiny_job(tmp_path, model_name_or_path=str(tiny_model_dir))
     proc = subprocess.run(
-        [*harvest_cli, "bench", "colocate", "--window", "ci=conv:17s+2s", "--rate-scale", "1",
+        [*harvest_cli, "bench", "colocate", "--window", "ci=conv:17s+2s", "--rate-scale", "1,2",
          "--max-context-tokens", "96", "--max-generated-tokens", "6", "--repeats", "1", "--warmup-steps", "1",
          "--tpot-ms", "500", "--drain-s", "60", "--model-path", str(tiny_model_dir), "--job", str(job),
          "--max-total-tokens", "4096", "--start-timeout-s", "300", "--log-dir", str(tmp_path / "logs"),
@@ -34,17 +35,26 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    table = result["table"]["ci"]
-    assert set(table) == set(ROWS)
-    runs = {run["row"]: run for run in result["runs"]}
-    num_requests = result["windows"]["ci"]["num_requests"]
-    for row, run in runs.items():
-        assert run["num_requests"] == num_requests and run["num_unfinished_requests"] == 0, (row, run["notes"])
+    assert set(result["table"]) == {"ci@1", "ci@2"}
+    assert all(set(table) == set(ROWS) for table in result["table"].values())
+    # Scale 2 replays the same requests in half the time: the same count, each scale in its own replay.
+    assert result["windows"]["ci@1"]["num_requests"] == result["windows"]["ci@2"]["num_requests"]
+    for run in result["runs"]:
+        row = (run["window"], run["row"])
+        assert run["num_requests"] == result["windows"][run["window"]]["num_requests"], row
+        assert run["num_unfinished_requests"] == 0, (row, run["notes"])
         assert run["num_steps"] > 0, row
         assert 0 < run["tpot_ms_p50"] <= run["tpot_ms_p99"] and run["replay_s"] > 0, row
         replay = json.loads(Path(run["replay_results"]).read_text())["policies"]["live"]["decode"]
         assert replay["num_steps"] == run["num_steps"], row
         assert run["steps_within_target"] == replay["step_slo_attainment"], row  # the row is its replay's
+    # One worker a row for the whole sweep: both scales' replays went to it (its log), each replay its own file.
+    by_row = {row: [run for run in result["runs"] if run["row"] == row] for row in ROWS}
+    for row, row_runs in by_row.items():
+        assert [run["window"] for run in row_runs] == ["ci@1", "ci@2"], row
+        assert len({run["worker_log"] for run in row_runs}) == 1, row
+        assert len({run["replay_results"] for run in row_runs}) == 2, row
+    runs = {row: row_runs[0] for row, row_runs in by_row.items()}  # scale 1
     assert runs["decode-alone"]["finetune_tokens_per_s"] is None
     # --dtype reaches every worker: served in the job's float32, the harvest rows' job computes on the served weights.
     assert {row: run["base_weights"] for row, run in runs.items()} == {
@@ -54,7 +64,7 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
     for row in ROWS:
         if row != "decode-alone":
             assert runs[row]["finetune_tokens_per_s"] > 0, (row, runs[row]["finetune_counted_by"])
-    assert set(result["tpot_stretch_vs_decode_alone"]["ci"]) == {r for r in ROWS if r.startswith("harvest-")}
+    assert set(result["tpot_stretch_vs_decode_alone"]["ci@1"]) == {r for r in ROWS if r.startswith("harvest-")}
     # Only the default, spatial without a profile or a pin, chooses its split live: the whole device or (1, 1).
     assert {row for row, run in runs.items() if run["phases_per_split"] is not None} == {"harvest-default"}
     assert set(runs["harvest-default"]["phases_per_split"]) == {"whole", "1,1"}

@@ -1,7 +1,7 @@
 """`harvest bench colocate`: harvest against what a user would run instead, live, on the same trace windows.
 
-Every row is a live replay (`harvest.replay.LiveReplay`) of the same trace window against a fresh decode
-worker, `harvest serve` with its defaults (the embedded model, SGLang's CPU flags):
+Every row is a live replay (`harvest.replay.LiveReplay`) of the same trace window against a decode worker,
+`harvest serve` with its defaults (the embedded model, SGLang's CPU flags):
 - decode alone: the worker without a job;
 - harvest, one row per co-location mode (HARVEST_MODES): the worker with the LoRA job inside;
 - two processes, defaults: the worker without a job beside `llamafactory-cli train` on the same YAML;
@@ -13,14 +13,18 @@ records its steps too), a step counting what its requests waited for: decode, th
 and an idle-time unit it waited for; TPOT is per request, client side. Finetune tokens are non-padding tokens: the
 job's count (admin stats) for harvest, LlamaFactory's `total_tokens` (trainer_process.py) for the trainer,
 both over the replay's own wall time. The job and the trainer are past `--warmup-steps` optimizer steps
-when a replay starts. Rows alternate order between repeats (reversed on odd repeats). Why the numbers are
-what they are: eval/README.md, "harvest against two processes".
+when a replay starts. A load sweep (several --rate-scale) replays a window at each scale to one worker (and
+trainer) per row, started once for the sweep: a serving worker sees its load change, it is not restarted for
+it, and a fresh worker's start and warm-up for every scale cost more than the replays. Rows and scales
+alternate order between repeats (reversed on odd repeats: the job's age is not tied to one scale). Why the
+numbers are what they are: eval/README.md, "harvest against two processes".
 
 Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
 lists it.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -89,9 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     scales = _parse_scales(args.rate_scale)
-    windows = [(name if len(scales) == 1 else f"{name}@{scale:g}", spec, scale)
-               for name, spec in (parse_window(text) for text in (args.window or DEFAULT_WINDOWS))
-               for scale in scales]
+    bases = [parse_window(text) for text in (args.window or DEFAULT_WINDOWS)]
+    windows = [(_window_name(name, scale, scales), spec, scale) for name, spec in bases for scale in scales]
     rows = tuple(ROWS) if args.rows == "all" else tuple(r.strip() for r in args.rows.split(","))
     if unknown := [r for r in rows if r not in ROWS]:
         raise HarvestError(f"--rows: unknown row {unknown[0]!r}; rows: {','.join(ROWS)}")
@@ -113,21 +116,25 @@ def run(args: argparse.Namespace) -> dict:
     previous_handler = signal.signal(signal.SIGTERM, _interrupt)
     worker, worker_key = None, None
     try:
-        for name, _, _ in windows:
+        for base, _ in bases:
             for repeat in range(args.repeats):
-                for row in (rows if repeat % 2 == 0 else rows[::-1]):
-                    run_dir = log_dir / f"{name}-{repeat}-{row}"
-                    print(f"bench colocate: {name} repeat {repeat}: {ROWS[row]}", file=sys.stderr)
+                order = 1 if repeat % 2 == 0 else -1
+                for row in rows[::order]:
+                    run_dir = log_dir / f"{base}-{repeat}-{row}"
                     flags, cpus = _worker_config(row, job, model_path, run_dir, args)
                     # Adjacent rows on the same worker without a job share it (decode alone and two processes,
-                    # defaults): a worker with a job is never reused, its job would carry over.
+                    # defaults): a worker with a job is never reused across rows, its job would carry over.
                     if (flags, cpus) != worker_key or "--finetune" in flags:
                         if worker is not None:
                             worker.stop()
                         worker, worker_key = bench_worker(flags, run_dir, cpus), (flags, cpus)
                         worker.start(args.start_timeout_s)
-                    runs.append({"window": name, "repeat": repeat, "row": row,
-                                 **_run_row(row, traces[name], worker, job, run_dir, args)})
+                    with _row_trainer(row, job, worker, run_dir, args) as trainer:
+                        for scale in scales[::order]:
+                            name = _window_name(base, scale, scales)
+                            print(f"bench colocate: {name} repeat {repeat}: {ROWS[row]}", file=sys.stderr)
+                            runs.append({"window": name, "repeat": repeat, "row": row,
+                                         **_run_row(row, name, traces[name], worker, trainer, run_dir, args)})
     finally:
         if worker is not None:
             worker.stop()
@@ -154,6 +161,10 @@ def run(args: argparse.Namespace) -> dict:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _window_name(name: str, scale: float, scales: list[float]) -> str:
+    return name if len(scales) == 1 else f"{name}@{scale:g}"
 
 
 def parse_window(text: str) -> tuple[str, str]:
@@ -216,45 +227,55 @@ def _worker_config(row: str, job: dict, model_path: str, run_dir: Path,
     return tuple(flags), cpus
 
 
-def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, args: argparse.Namespace) -> dict:
+@contextlib.contextmanager
+def _row_trainer(row: str, job: dict, worker: WorkerProcess, run_dir: Path, args: argparse.Namespace):
+    """What trains beside the row's worker, past its warm-up steps, for all the row's replays: a trainer
+    process (yielded, stopped after them) on a two-process row; on a harvest row, the worker's own job."""
+    if row.startswith("harvest-"):
+        wait_job_steps(worker.admin_url, args.warmup_steps, args.start_timeout_s)
+    if not row.startswith("two-process"):
+        yield None
+        return
+    trainer_cpus = cpu_halves()[1] if row == "two-process-pinned" else None
+    trainer = TrainerProcess(job, run_dir / "trainer", trainer_cpus, len(trainer_cpus) if trainer_cpus else None)
+    trainer.start(args.warmup_steps, args.start_timeout_s)
+    try:
+        yield trainer
+    finally:
+        trainer.stop()
+
+
+def _run_row(row: str, name: str, trace, worker: WorkerProcess, trainer: TrainerProcess | None, run_dir: Path,
+             args: argparse.Namespace) -> dict:
+    """One replay of window `name` to the row's worker; its figures are over this replay alone."""
     from harvest.replay.live_replay import LiveReplay
 
-    trainer, base_weights, co_run, splits = None, {}, None, None
-    try:
-        if row.startswith("two-process"):
-            trainer_cpus = cpu_halves()[1] if row == "two-process-pinned" else None
-            trainer = TrainerProcess(job, run_dir / "trainer", trainer_cpus,
-                                     len(trainer_cpus) if trainer_cpus else None)
-            trainer.start(args.warmup_steps, args.start_timeout_s)
-        elif row.startswith("harvest-"):
-            wait_job_steps(worker.admin_url, args.warmup_steps, args.start_timeout_s)
-        replay = LiveReplay(worker.url, worker.admin_url, args.tpot_ms, args.concurrency, drain_s=args.drain_s)
-        stats_before = read_stats(worker.admin_url) if row.startswith("harvest-") else {}
-        replay_start_wall_s = time.time()
-        results = replay.run(trace)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "replay.json").write_text(json.dumps(results))  # `harvest replay`'s results.json, for a closer look
-        replay_s = results["replay_s"]
-        if trainer is not None:
-            trainer.wait_logged_after(replay_start_wall_s + replay_s, args.start_timeout_s)
-            finetune_tokens = trainer.tokens_between(replay_start_wall_s, replay_start_wall_s + replay_s)
-            counted_by = "llamafactory trainer_log.jsonl total_tokens (non_padding), interpolated per step"
-        else:
-            # the worker's whole stats after the replay (controller, unit times, predictor), for a closer look
-            stats = read_stats(worker.admin_url)
-            (run_dir / "worker_stats.json").write_text(json.dumps(stats, indent=1))
-            base_weights = (stats.get("finetune") or {}).get("base_weights") or {}
-            colocation = stats.get("colocation") or {}
-            co_run = _partition_rates(stats_before, stats)
-            # Where the worker chose its split live: the phases each split ran (the worker's whole life).
-            chooser = colocation.get("chooser")
-            splits = None if chooser is None else {name: e["phases"] for name, e in chooser["splits"].items()}
-            before, after = (results["policies"]["live"]["finetune"][k] or {} for k in ("before", "after"))
-            finetune_tokens = after["tokens"] - before["tokens"] if "tokens" in after else None
-            counted_by = "harvest job stats: tokens (non-padding)" if finetune_tokens is not None else None
-    finally:
-        if trainer is not None:
-            trainer.stop()
+    base_weights, co_run, splits = {}, None, None
+    replay = LiveReplay(worker.url, worker.admin_url, args.tpot_ms, args.concurrency, drain_s=args.drain_s)
+    stats_before = read_stats(worker.admin_url) if row.startswith("harvest-") else {}
+    replay_start_wall_s = time.time()
+    results = replay.run(trace)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    replay_path = run_dir / f"replay-{name}.json"  # `harvest replay`'s results.json, for a closer look
+    replay_path.write_text(json.dumps(results))
+    replay_s = results["replay_s"]
+    if trainer is not None:
+        trainer.wait_logged_after(replay_start_wall_s + replay_s, args.start_timeout_s)
+        finetune_tokens = trainer.tokens_between(replay_start_wall_s, replay_start_wall_s + replay_s)
+        counted_by = "llamafactory trainer_log.jsonl total_tokens (non_padding), interpolated per step"
+    else:
+        # the worker's whole stats after the replay (controller, unit times, predictor), for a closer look
+        stats = read_stats(worker.admin_url)
+        (run_dir / f"worker_stats-{name}.json").write_text(json.dumps(stats, indent=1))
+        base_weights = (stats.get("finetune") or {}).get("base_weights") or {}
+        colocation = stats.get("colocation") or {}
+        co_run = _partition_rates(stats_before, stats)
+        # Where the worker chose its split live: the phases each split ran (the worker's whole life so far).
+        chooser = colocation.get("chooser")
+        splits = None if chooser is None else {split: e["phases"] for split, e in chooser["splits"].items()}
+        before, after = (results["policies"]["live"]["finetune"][k] or {} for k in ("before", "after"))
+        finetune_tokens = after["tokens"] - before["tokens"] if "tokens" in after else None
+        counted_by = "harvest job stats: tokens (non-padding)" if finetune_tokens is not None else None
     decode = results["policies"]["live"]["decode"]
     return {
         "steps_within_target": decode["step_slo_attainment"],
@@ -277,7 +298,7 @@ def _run_row(row: str, trace, worker: WorkerProcess, job: dict, run_dir: Path, a
         "replay_s": replay_s,
         "notes": results["notes"],
         "log_dir": str(run_dir),
-        "replay_results": str(run_dir / "replay.json"),
+        "replay_results": str(replay_path),
         "worker_log": str(worker.log_path),
     }
 
