@@ -184,7 +184,9 @@ def test_live_replay_through_the_router(deployment, tmp_path, harvest_cli):
     assert decode["step_slo_attainment"] == pytest.approx(sum(within) / len(within))
     assert 0 < decode["tpot_ms_p50"] <= decode["tpot_ms_p90"] <= decode["tpot_ms_p99"]
     assert live["finetune"]["num_steps"] is not None
-    assert live["finetune"]["tokens_per_s"] > 0 and live["finetune"]["samples_per_s"] > 0, live["finetune"]
+    # Tokens count at each micro-batch's embedding, samples at optimizer steps: a 3 s replay on a slow host may
+    # end before the next step (tests/test_replay_live.py checks the samples' count exactly).
+    assert live["finetune"]["tokens_per_s"] > 0 and live["finetune"]["samples_per_s"] >= 0, live["finetune"]
     assert len(live["tpot_cdf_ms"]) > 0 and np.all(np.diff(live["tpot_cdf_ms"]) >= 0)
     for name in ("tpot_cdf.png", "finetune_throughput.png", "sm_split_latency.png", "memory_window.png"):
         assert (out / name).stat().st_size > 1000
