@@ -18,7 +18,7 @@ settings.load_profile("harvest")
 
 # The bound on one test (its module's fixtures included) by its kind, each at least 3x the slowest run seen
 # (tests/durations.txt); pytest's `timeout` in pyproject.toml bounds the rest.
-TIMEOUT_S_BY_MARK = {"bundle": 1800, "sglang": 900, "trainer": 300}
+TIMEOUT_S_BY_MARK = {"bundle": 1800, "sglang": 1800, "trainer": 300}
 
 
 def pytest_collection_modifyitems(config, items):
