@@ -62,8 +62,8 @@ class ServeConfig:
     """Unit time a job trains before another of equal standing takes its turn (`--job-quantum-s`): each switch
     re-fetches the incoming job's window, so a turn must be long against that."""
     jobs_dir: str | None = None
-    """Where the worker's job set lives on disk (`--jobs-dir`), so a restarted worker resumes it; None: a
-    directory of its own that a restart does not find."""
+    """Where the worker's job set lives on disk (`--jobs-dir`), so a restarted worker resumes it; None:
+    `harvest serve`'s supervisor makes one for the worker's life, which a restart does not find."""
     tpot_slo_ms: float | None = None
     """Decode latency target per step (`--tpot-slo-ms`); required with a finetune job."""
     profile_path: str | None = None

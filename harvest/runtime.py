@@ -12,8 +12,6 @@ import dataclasses
 import functools
 import logging
 import re
-import shutil
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -74,7 +72,6 @@ class HarvestRuntime:
         """The worker's job set (harvest.jobs.worker_jobs.WorkerJobs), built at start on a finetuning worker."""
         self._fleet_job = None
         """The name of the job that trains with the fleet (--fleet): the --finetune job."""
-        self._own_jobs_dir = None
         """The job set's directory made for this process (no --jobs-dir), removed at stop."""
         self.adapter_target = None
         """Where a job publishes its adapter (harvest.sglang.adapter_publisher.AdapterTarget; hooks sets it)."""
@@ -185,11 +182,12 @@ class HarvestRuntime:
             self._admin_server.start()
 
     def _worker_jobs(self, job_config):
-        """The job set's intake and store: on --jobs-dir, or in a directory of this process's own."""
-        jobs_dir = self.config.jobs_dir
-        if jobs_dir is None:
-            jobs_dir = self._own_jobs_dir = tempfile.mkdtemp(prefix="harvest-jobs-")
-        return WorkerJobs(JobIntake(self.job, JobStore(jobs_dir), job_config, self._make_job, self._check_fit))
+        """The job set's intake and store, in the jobs directory (--jobs-dir, or the supervisor's own)."""
+        if self.config.jobs_dir is None:
+            raise HarvestError("a worker that takes jobs needs a jobs directory: `harvest serve` makes one "
+                               "without --jobs-dir")
+        return WorkerJobs(JobIntake(self.job, JobStore(self.config.jobs_dir), job_config, self._make_job,
+                                    self._check_fit))
 
     def _make_job(self, spec, job_config):
         """The FinetuneJob of an admitted job, its engine building in the background, publishing under its
@@ -224,8 +222,6 @@ class HarvestRuntime:
     def stop(self) -> None:
         if self.jobs is not None:
             self.jobs.close()
-        if self._own_jobs_dir is not None:
-            shutil.rmtree(self._own_jobs_dir, ignore_errors=True)
         if self.controller is not None:
             self.controller.close()
         if self._admin_server is not None:

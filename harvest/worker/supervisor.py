@@ -11,9 +11,11 @@ Deferred imports: httpx only where the supervisor polls a worker.
 """
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -36,15 +38,18 @@ PARENT_POLL_S = 0.5
 def supervise(launch: Callable, server_args, config: ServeConfig, is_cpu_host: bool) -> int:
     """Run `launch(server_args, config, is_cpu_host)` (harvest.sglang.launcher.launch: the caller names it, so
     the process handle does not import SGLang's side) in a spawned worker and own its shutdown."""
-    fd, failure_path = tempfile.mkstemp(prefix="harvest-start-failure-")
-    os.close(fd)
-    os.environ[START_FAILURE_ENV] = failure_path  # the spawned worker and its scheduler inherit it
+    # The worker's files for its life: the start-failure line, and its job set where no --jobs-dir keeps it.
+    # The supervisor owns them: the worker's own tree ends in SGLang's SIGKILL, so nothing in it outlives the
+    # drain to remove them (a kill -9 of the supervisor leaves them, as it leaves the checkpoint).
+    serve_dir = tempfile.mkdtemp(prefix="harvest-serve-")
+    os.environ[START_FAILURE_ENV] = os.path.join(serve_dir, "start-failure")  # the worker and scheduler inherit it
+    if config.finetune is not None and config.jobs_dir is None:
+        config = dataclasses.replace(config, jobs_dir=os.path.join(serve_dir, "jobs"))
     try:
         return _supervise(launch, server_args, config, is_cpu_host)
     finally:
         os.environ.pop(START_FAILURE_ENV, None)
-        with contextlib.suppress(OSError):
-            os.unlink(failure_path)
+        shutil.rmtree(serve_dir, ignore_errors=True)
 
 
 def _supervise(launch: Callable, server_args, config: ServeConfig, is_cpu_host: bool) -> int:

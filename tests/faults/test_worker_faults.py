@@ -32,8 +32,16 @@ NUM_REQUESTS, INPUT_LEN, MAX_NEW_TOKENS = 6, 64, 64
 
 
 def start(tmp_path, model_dir, job, name, *extra) -> WorkerProcess:
+    """Worker `name`, its temporary files (its supervisor's among them) in `tmp_path / name-tmp`."""
     args = ["--model-path", str(model_dir), "--finetune", str(job), *WORKER_FLAGS, *extra]
-    return WorkerProcess(args, free_port(), free_port(), tmp_path / f"{name}.log").start()
+    (tmp_path / f"{name}-tmp").mkdir()
+    return WorkerProcess(args, free_port(), free_port(), tmp_path / f"{name}.log",
+                         env={"TMPDIR": str(tmp_path / f"{name}-tmp")}).start()
+
+
+def jobs_dirs(tmp_path, name) -> list:
+    """The job directories of worker `name`, which runs without --jobs-dir (its supervisor's)."""
+    return list((tmp_path / f"{name}-tmp").glob("harvest-serve-*/jobs"))
 
 
 def tree(worker: WorkerProcess) -> list[psutil.Process]:
@@ -167,6 +175,7 @@ def sigterm_in_flight(chain, resumed):
     wait_for_stats(worker.admin_url, is_training, "the job running")
     thread, results = burst_in_background(worker.url, seed=100)
     wait_for_stats(worker.admin_url, lambda s: s["decode"]["decode_tokens"] > 0, "the burst decoding", 60)
+    jobs_dirs_running = jobs_dirs(chain[0], "w2")
     started = time.monotonic()
     code = worker.stop(signal.SIGTERM, timeout_s=120)
     stop_s = time.monotonic() - started
@@ -176,7 +185,8 @@ def sigterm_in_flight(chain, resumed):
     return {"code": code, "results": results, "in_flight": in_flight, "stop_s": stop_s, "alive": alive,
             "gone_s": gone_s,
             "ports_free": is_port_free(worker.port) and is_port_free(worker.admin_port),
-            "last_logged_step": logged_steps(output_dir)[-1], "checkpoints": checkpoint_steps(output_dir)}
+            "last_logged_step": logged_steps(output_dir)[-1], "checkpoints": checkpoint_steps(output_dir),
+            "jobs_dirs_running": jobs_dirs_running, "serve_dirs_left": list((chain[0] / "w2-tmp").glob("harvest-*"))}
 
 
 def test_sigterm_with_requests_in_flight(sigterm_in_flight):
@@ -191,6 +201,7 @@ def test_sigterm_with_requests_in_flight(sigterm_in_flight):
     assert r["code"] == 0
     assert r["checkpoints"][-1] == r["last_logged_step"], "the shutdown checkpoint is the last step"
     assert not r["alive"] and r["ports_free"]
+    assert len(r["jobs_dirs_running"]) == 1 and not r["serve_dirs_left"], "the worker's own files are removed"
 
 
 @pytest.fixture(scope="module")
