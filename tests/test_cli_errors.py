@@ -1,5 +1,6 @@
 """Bad CLI input gets one clear error line and a non-zero exit, never a traceback."""
 
+import os
 import socket
 import subprocess
 
@@ -40,19 +41,21 @@ def test_port_in_use(harvest_cli, tiny_model_dir):
 
 
 @pytest.mark.sglang
-def test_admin_port_taken_while_the_worker_starts_stops_it_with_one_line(harvest_cli, tiny_model_dir):
+def test_admin_port_taken_while_the_worker_starts_stops_it_with_one_line(harvest_cli, tiny_model_dir, tmp_path):
     """The port is free when `harvest serve` checks it and taken before the scheduler binds it (another
-    process got it while the model loaded): the worker stops, the CLI names the port, no process is left.
+    process got it while the model loaded): the worker stops, the CLI names the port, no process is left,
+    nor the supervisor's files (the start-failure line came through them).
     A worker left serving without its admin API would answer its admin URL with whatever holds the port."""
     port, admin_port = free_port(), free_port()
     proc = subprocess.Popen([*harvest_cli, "serve", "--model-path", str(tiny_model_dir), "--port", str(port),
                              "--admin-port", str(admin_port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env={**os.environ, "TMPDIR": str(tmp_path)})
     lines = []
     with socket.socket() as busy:
         for line in proc.stderr:  # SGLang prints its server_args once harvest serve's own checks passed
             lines.append(line)
             if "server_args" in line.lower():
+                serve_dirs = list(tmp_path.glob("harvest-serve-*"))
                 busy.bind(("127.0.0.1", admin_port))
                 busy.listen()
                 break
@@ -65,6 +68,7 @@ def test_admin_port_taken_while_the_worker_starts_stops_it_with_one_line(harvest
     assert len(errors) == 1 and f"--admin-port {admin_port}" in errors[0] and "in use" in errors[0], stderr[-3000:]
     assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(port) in " ".join(p.info["cmdline"] or [])]
+    assert len(serve_dirs) == 1 and not list(tmp_path.glob("harvest-serve-*"))
 
 
 @pytest.mark.parametrize(
