@@ -72,7 +72,6 @@ class HarvestRuntime:
         """The worker's job set (harvest.jobs.worker_jobs.WorkerJobs), built at start on a finetuning worker."""
         self._fleet_job = None
         """The name of the job that trains with the fleet (--fleet): the --finetune job."""
-        """The job set's directory made for this process (no --jobs-dir), removed at stop."""
         self.adapter_target = None
         """Where a job publishes its adapter (harvest.sglang.adapter_publisher.AdapterTarget; hooks sets it)."""
         self.served_weights = None

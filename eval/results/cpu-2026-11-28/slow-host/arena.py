@@ -4,7 +4,12 @@ worker's unit thread is one; glibc gives it another malloc arena): tok/s, on-CPU
 
     python eval/results/cpu-2026-11-28/slow-host/arena.py 20
 """
-import json, resource, sys, threading, time
+import json
+import resource
+import sys
+import threading
+import time
+
 from harvest.colocation.core_partitions import on_cores
 from harvest.finetune import FinetuneEngine
 

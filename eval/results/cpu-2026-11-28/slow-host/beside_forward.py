@@ -5,9 +5,15 @@ From the repository root:
 
     python eval/results/cpu-2026-11-28/slow-host/beside_forward.py
 """
-import json, resource, sys, threading, time
+import json
+import resource
+import sys
+import threading
+import time
+
 import torch
 from transformers import AutoModelForCausalLM
+
 from harvest.colocation.core_partitions import on_cores
 from harvest.finetune import FinetuneEngine
 from harvest.models import resolve_model_path
