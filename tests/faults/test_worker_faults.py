@@ -32,16 +32,15 @@ NUM_REQUESTS, INPUT_LEN, MAX_NEW_TOKENS = 6, 64, 64
 
 
 def start(tmp_path, model_dir, job, name, *extra) -> WorkerProcess:
-    """Worker `name`, its temporary files (its supervisor's among them) in `tmp_path / name-tmp`."""
+    """Worker `name`, its temporary files (its supervisor's among them) in `temp_dir(tmp_path, name)`."""
     args = ["--model-path", str(model_dir), "--finetune", str(job), *WORKER_FLAGS, *extra]
-    (tmp_path / f"{name}-tmp").mkdir()
+    temp_dir(tmp_path, name).mkdir()
     return WorkerProcess(args, free_port(), free_port(), tmp_path / f"{name}.log",
-                         env={"TMPDIR": str(tmp_path / f"{name}-tmp")}).start()
+                         env={"TMPDIR": str(temp_dir(tmp_path, name))}).start()
 
 
-def jobs_dirs(tmp_path, name) -> list:
-    """The job directories of worker `name`, which runs without --jobs-dir (its supervisor's)."""
-    return list((tmp_path / f"{name}-tmp").glob("harvest-serve-*/jobs"))
+def temp_dir(tmp_path, name):
+    return tmp_path / f"{name}-tmp"
 
 
 def tree(worker: WorkerProcess) -> list[psutil.Process]:
@@ -175,7 +174,7 @@ def sigterm_in_flight(chain, resumed):
     wait_for_stats(worker.admin_url, is_training, "the job running")
     thread, results = burst_in_background(worker.url, seed=100)
     wait_for_stats(worker.admin_url, lambda s: s["decode"]["decode_tokens"] > 0, "the burst decoding", 60)
-    jobs_dirs_running = jobs_dirs(chain[0], "w2")
+    jobs_dirs_running = list(temp_dir(chain[0], "w2").glob("harvest-serve-*/jobs"))  # no --jobs-dir: the supervisor's
     started = time.monotonic()
     code = worker.stop(signal.SIGTERM, timeout_s=120)
     stop_s = time.monotonic() - started
@@ -186,7 +185,7 @@ def sigterm_in_flight(chain, resumed):
             "gone_s": gone_s,
             "ports_free": is_port_free(worker.port) and is_port_free(worker.admin_port),
             "last_logged_step": logged_steps(output_dir)[-1], "checkpoints": checkpoint_steps(output_dir),
-            "jobs_dirs_running": jobs_dirs_running, "serve_dirs_left": list((chain[0] / "w2-tmp").glob("harvest-*"))}
+            "jobs_dirs_running": jobs_dirs_running, "serve_dirs_left": list(temp_dir(chain[0], "w2").glob("harvest-*"))}
 
 
 def test_sigterm_with_requests_in_flight(sigterm_in_flight):
