@@ -400,6 +400,7 @@ def _build_controller(config: ServeConfig, profile, planner, partitions, lender,
     measured time, or (spatial on a CPU host) the split each phase runs chosen by what each split trained live
     (SplitChooser). `job`: the job set."""
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
+    size_co_run_units = config.finetune.max_unit_ms is None  # a bound set by hand holds for every unit
     if planner is None and partitions is None:
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
                                   "minus its measured time", lender)
@@ -408,11 +409,12 @@ def _build_controller(config: ServeConfig, profile, planner, partitions, lender,
         splits = ", ".join(f"({i}, {f})" for i, f in chooser.splits[1:])
         return SpatialController(job, None, slo, partitions, "none (no --profile): the split chosen by what each "
                                  f"trains live, phase by phase: the whole device and its slice, or {splits}", lender,
-                                 chooser=chooser)
+                                 chooser=chooser, size_co_run_units=size_co_run_units)
     source = ("none: --pin-partition" if profile is None
               else f"profile {config.profile_path} ({profile.device_name}), online correction on")
     if partitions is not None:
-        return SpatialController(job, planner, slo, partitions, source, lender, config.pinned_partition)
+        return SpatialController(job, planner, slo, partitions, source, lender, config.pinned_partition,
+                                 size_co_run_units=size_co_run_units)
     return TemporalController(job, planner, slo, source, lender)
 
 

@@ -151,6 +151,7 @@ class AlwaysReadyJob:
 
     state = FinetuneState.RUNNING
     is_active = True
+    requested_unit_ms = None
 
     def has_ready_work(self):
         return True
@@ -160,3 +161,6 @@ class AlwaysReadyJob:
 
     def note_no_room(self):
         pass
+
+    def request_unit_bound(self, max_unit_ms):
+        self.requested_unit_ms = max_unit_ms

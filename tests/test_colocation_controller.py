@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from harvest.colocation.controller import Controller, TemporalController
-from harvest.colocation.spatial_controller import SpatialController
+from harvest.colocation.spatial_controller import MIN_DECODE_STEPS, SpatialController
 from harvest.config import AdminConfig, ServeConfig
 from harvest.finetune import FinetuneConfig
 from harvest.replay.simulated_job import (
@@ -192,6 +192,49 @@ def test_the_simulated_partition_trains_while_granted_and_a_revoke_waits_for_the
     co_run = controller.stats()["co_run"]["120,12"]
     assert co_run["ms_granted"] == pytest.approx(10.0) and co_run["tokens"] == co_run["unit_tokens"] == 12
     assert controller.stats()["preempt_ms_max"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("latency_ms, bound_ms", [(7.0, TARGET_MS / 2), (25.0, TARGET_MS - 25.0), (33.0, None)])
+def test_units_of_a_partition_held_across_steps_are_sized_to_the_preemption_bound(latency_ms, bound_ms):
+    """A pinned partition is taken back only by a preemption: its units are cut to what a step can wait for one
+    and keep the target at decode's recent step times (at most half the target; None where that is no more than
+    the job's own bound, a quarter of it), and the job's own bound comes back once decode takes the device."""
+    clock = SimClock()
+    job = SimulatedJob(clock, UNIT_MS, 1000.0)
+    job.is_ready = True
+    controller = simulated_spatial(job, clock, None, lambda ft_sms: 100.0 * ft_sms)
+    controller.pinned = (120, 12)
+    for _ in range(MIN_DECODE_STEPS - 1):
+        run_step(controller, clock, latency_ms)
+    assert job.requested_unit_ms is None, "too few steps seen to size units by them"
+    run_step(controller, clock, latency_ms)
+    run_step(controller, clock, latency_ms)
+    assert controller.co_run_bound_ms() == (None if bound_ms is None else pytest.approx(bound_ms))
+    assert job.requested_unit_ms == controller.stats()["co_run_unit_bound_ms"] == \
+        (None if bound_ms is None else pytest.approx(bound_ms))
+    assert job.max_unit_ms == pytest.approx(bound_ms or UNIT_MS)
+    controller.pinned = (132, 0)
+    step = run_step(controller, clock, latency_ms)
+    assert 0 < step.preempt_ms <= (bound_ms or UNIT_MS), "the wait was for a unit of the bound"
+    assert job.requested_unit_ms is None and job.max_unit_ms == UNIT_MS
+
+
+def test_with_a_planner_or_a_bound_set_by_hand_co_run_units_keep_the_jobs_bound():
+    """A planner's co-run step is followed by a slice (the partition taken back each step), and a bound set by
+    hand (FinetuneConfig.max_unit_ms) holds for every unit: neither sizes co-run units to the preemption bound."""
+    profile = Profile.load(SHIPPED_PATH)
+    for planner, size in ((SplitPlanner(profile, TARGET_MS), True), (None, False)):
+        clock = SimClock()
+        job = SimulatedJob(clock, UNIT_MS, 1000.0)
+        job.is_ready = True
+        controller = simulated_spatial(job, clock, planner, lambda ft_sms: 100.0 * ft_sms)
+        controller.size_co_run_units = size
+        if planner is None:
+            controller.pinned = (120, 12)
+        for _ in range(2 * MIN_DECODE_STEPS):
+            run_step(controller, clock, 7.0)
+        assert controller.num_preemptions > 0 or planner is None
+        assert job.requested_unit_ms is None and controller.stats()["co_run_unit_bound_ms"] is None
 
 
 def test_a_planners_co_run_step_ends_in_a_slice_and_the_planner_weighs_the_wait_for_it():

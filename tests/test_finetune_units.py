@@ -13,6 +13,7 @@ import torch
 import yaml
 from conftest import lora_state_dict
 
+from harvest.colocation.finetune_job import FinetuneJob
 from harvest.finetune import FinetuneConfig, FinetuneEngine
 from harvest.finetune.demo.tiny_job import write_tiny_job
 from harvest.finetune.unit_sizer import UnitSizer
@@ -80,6 +81,43 @@ def test_a_tight_unit_budget_splits_micro_batches_without_changing_the_result(jo
     assert kinds.count("grad_norm") == num_steps and kinds.count("optimizer") == NUM_LAYERS * num_steps
     expected = lora_state_dict(reference)
     for key, weight in lora_state_dict(split).items():
+        torch.testing.assert_close(weight, expected[key], rtol=1e-5, atol=1e-7)
+
+
+def test_a_bound_asked_for_mid_step_sizes_the_next_step_and_leaves_the_result_alone(job_path, tmp_path,
+                                                                                     monkeypatch):
+    """A co-run controller asks the job for another unit bound while the unit thread owns it
+    (FinetuneJob.request_unit_bound): the step in progress keeps the slices it was planned with, the next one is
+    cut to the new bound, and the adapter is the one an unchanged bound trains."""
+    observe = UnitSizer.observe  # 1 ms per position whatever the clock says, as above
+    monkeypatch.setattr(UnitSizer, "observe", lambda self, kind, num_tokens, duration_ms:
+                        observe(self, kind, num_tokens, float(num_tokens)))
+    reference = FinetuneEngine.from_yaml(job_path, {"output_dir": str(tmp_path / "reference")},
+                                         config=FinetuneConfig(max_unit_ms=1e-6))
+    reference.run_step()
+    reference.run_step()
+    job = FinetuneJob(FinetuneConfig(yaml_path=str(job_path), max_unit_ms=1e-6),
+                      engine_factory=lambda config: FinetuneEngine.from_yaml(
+                          job_path, {"output_dir": str(tmp_path / "job")}, config=config))
+    job.start()
+    assert job.wait_built(timeout_s=120) and job.state.value == "running", job.error
+    batch_size = job.engine.llamafactory.training_args.per_device_train_batch_size
+    first = [job.run_unit() for _ in range(3)]  # into the first step, planned one row per slice
+    job.request_unit_bound(1e9)
+    assert job.max_unit_ms == 1e9 and job.engine.max_unit_ms == 1e-6, "applied by the owner, at its next unit"
+    while not first[-1].is_step_end:
+        first.append(job.run_unit())
+    assert job.engine.max_unit_ms == 1e9
+    assert {r.slice_id for r in first} == set(range(batch_size)), "the step in progress kept its slices"
+    second = [job.run_unit()]
+    while not second[-1].is_step_end:
+        second.append(job.run_unit())
+    assert {r.slice_id for r in second} == {0}, "the next step was cut to the new bound: one slice of all rows"
+    assert [r.kind for r in second].count("head") == 1
+    job.request_unit_bound(None)
+    assert job.max_unit_ms == 1e-6, "None goes back to the job's own bound"
+    expected = lora_state_dict(reference)
+    for key, weight in lora_state_dict(job.engine).items():
         torch.testing.assert_close(weight, expected[key], rtol=1e-5, atol=1e-7)
 
 

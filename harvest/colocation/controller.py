@@ -59,7 +59,7 @@ def unit_bound_ms(tpot_slo_ms: float, shortest_step_ms: float | None) -> float:
     return tpot_slo_ms * PREEMPTION_BOUND_SHARE if shortest_step_ms is None else shortest_step_ms
 
 
-def _quantile(values, q: float) -> float:
+def quantile(values, q: float) -> float:
     """The q-quantile of `values` by rank (no interpolation: a value that was measured)."""
     ordered = sorted(values)
     return ordered[int(q * (len(ordered) - 1))]
@@ -98,7 +98,7 @@ class BatchCost:
             if fitted > 0:
                 self._overrun.append(latency_ms / fitted)
                 if len(self._overrun) >= MIN_OVERRUNS and len(self._overrun) % 16 == 0:
-                    self._overrun_quantile = max(1.0, _quantile(self._overrun, OVERRUN_QUANTILE))
+                    self._overrun_quantile = max(1.0, quantile(self._overrun, OVERRUN_QUANTILE))
         d = BATCH_SPREAD_DECAY
         self._spread_w = d * self._spread_w + 1.0
         self._spread_b = d * self._spread_b + batch_size
@@ -309,7 +309,7 @@ class Controller:
             dropped_ms = recent[0] if len(recent) == recent.maxlen else 0.0
             recent.append(excess_ms)
             if excess_ms > 0 or dropped_ms > 0 or len(recent) % 64 == 0:  # most slices have none: sort less
-                self.slice_reserve_ms = _quantile(recent, RESERVE_QUANTILE)
+                self.slice_reserve_ms = quantile(recent, RESERVE_QUANTILE)
         self.finetune_ms_in_slack += finetune_ms
         step.finetune_ms = finetune_ms
         self.max_idle_wait_ms = max(self.max_idle_wait_ms, step.idle_wait_ms)

@@ -88,6 +88,7 @@ class FinetuneJob:
         """The job's FleetSync (harvest.fleet) once joined: rounds start and apply at optimizer-step ends."""
         self._fleet_names: list[str] = []
         self._step_tokens = 0
+        self.requested_unit_ms: float | None = None
         self._builder = threading.Thread(target=self._build, name="harvest-finetune-build", daemon=True)
 
     @property
@@ -168,8 +169,17 @@ class FinetuneJob:
 
     @property
     def max_unit_ms(self) -> float | None:
-        """What units are sized to stay under (the config's bound; None: not split on time)."""
-        return self.config.max_unit_ms
+        """What units are sized to stay under: the bound asked for (request_unit_bound), else the config's; None:
+        not split on time."""
+        if self.config.max_unit_ms is None:
+            return None
+        return self.requested_unit_ms or self.config.max_unit_ms
+
+    def request_unit_bound(self, max_unit_ms: float | None) -> None:
+        """Size the units planned from now on to `max_unit_ms` (None: the config's bound); the owner of the job
+        applies it before its next unit, the engine at its next optimizer step. Any thread: a co-run unit's
+        controller asks from the scheduler thread while the unit thread owns the job."""
+        self.requested_unit_ms = max_unit_ms
 
     def next_unit_kind(self) -> str:
         return PUBLISH_UNIT if self._is_publish_due else self.engine.next_unit_kind()
@@ -179,6 +189,9 @@ class FinetuneJob:
         if self._is_publish_due:
             return self._publish_unit()
         try:
+            bound_ms = self.max_unit_ms
+            if bound_ms is not None and bound_ms != self.engine.max_unit_ms:
+                self.engine.set_unit_bound(bound_ms)
             result = self.engine.run_next_unit()
         except Exception as e:  # noqa: BLE001
             self._fail(e)

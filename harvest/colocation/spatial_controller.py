@@ -10,7 +10,8 @@ for a unit, or for a turn of the scheduler thread's work on the job):
     publish) and runs units between decode steps as well as during them; the scheduler thread runs no unit;
   - the grant changes before a step whose partition differs (whole device to decode, or another pair) and
     before an idle turn: the scheduler thread revokes it and waits for the unit in flight (a preemption,
-    charged to the step as preempt_ms; units are sized to the bound controller.unit_bound_ms gives);
+    charged to the step as preempt_ms; units are sized to the bound controller.unit_bound_ms gives, or,
+    while a partition is held across steps, to the preemption bound: co_run_bound_ms);
   - with a planner, a co-run step is followed by a slice on the whole device where the slack admits one (the
     planner counts the tokens of a step so, and weighs the wait for the unit in flight against co-running):
     the partition is revoked for it and granted again at the next step; pinned or chosen live (no planner), it
@@ -29,11 +30,26 @@ import contextlib
 import ctypes
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
-from harvest.colocation.controller import LOOP_OVERHEAD_MS, Controller
+from harvest.colocation.controller import (
+    LOOP_OVERHEAD_MS,
+    Controller,
+    quantile,
+    unit_bound_ms,
+)
 from harvest.colocation.finetune_job import FinetuneState
 
+RECENT_DECODE_STEPS = 1000
+MIN_DECODE_STEPS = 64
+DECODE_QUANTILE = 0.999
+"""A preemption waits for the unit in flight and then decode runs its step: units held across steps are sized so
+the wait and this high a quantile of decode's recent step times fit the target (the 99.9 % of steps harvest
+aims at)."""
+CO_RUN_BOUND_MAX_SHARE = 0.5
+"""A co-run unit is cut to at most this share of the target: its fixed cost is mostly amortized well before
+(eval/README.md, "Spatial co-location on CPU cores"), while a pause, a stop or a publish waits for it too."""
 IDLE_POLL_S = 0.005
 """How often the unit thread looks again at a job with no ready work while it holds a grant."""
 PR_SET_NAME = 15
@@ -58,16 +74,23 @@ class SpatialController(Controller):
 
     def __init__(self, job, planner, slo, partitions, planner_source: str, lender=None,
                  pinned: tuple[int, int] | None = None, chooser=None, runner=None, clock=time.perf_counter,
-                 loop_overhead_ms: float = LOOP_OVERHEAD_MS):
+                 loop_overhead_ms: float = LOOP_OVERHEAD_MS, size_co_run_units: bool = True):
         """`partitions`: GreenPartitions or CorePartitions (the simulator's: SimulatedPartitions). `pinned`: run
         every step on this (infer, ft) partition instead of the planner's choice (profiling and benchmarks;
         `harvest serve --pin-partition`). `chooser`: a SplitChooser, which picks the split phase by phase where
         there is no planner. `runner`: what runs units on a granted partition (None: a UnitThread, the worker's;
-        the simulator passes its simulated device's)."""
+        the simulator passes its simulated device's). `size_co_run_units`: size the units of a partition held
+        across steps to the preemption bound (co_run_bound_ms); False: the job's own bound throughout (a
+        bound set by hand, FinetuneConfig.max_unit_ms)."""
         super().__init__(job, planner, slo, planner_source, lender, clock=clock, loop_overhead_ms=loop_overhead_ms)
         self.partitions = partitions
         self.pinned = pinned
         self.chooser = chooser
+        self.size_co_run_units = size_co_run_units
+        self._decode_ms: deque[float] = deque(maxlen=RECENT_DECODE_STEPS)
+        """Decode's own time in recent steps (a preemption's wait left out), on whichever partition it ran."""
+        self._decode_quantile_ms: float | None = None
+        self._requested_bound_ms: float | None = None
         self._job_was_ready = False
         self._partition: tuple[int, int] | None = None
         """The step's partition (decode's side is what decode_stream_context follows)."""
@@ -115,11 +138,18 @@ class SpatialController(Controller):
             step.preempt_ms = self._revoke()
             if grant is not None:
                 self._grant(grant)
+        # Held across steps (no planner, or pinned), the partition is taken back only by a preemption; with a
+        # planner it is taken back for the slice after most co-run steps, whose units keep the job's bound.
+        is_held = partition is not None and partition[1] > 0 and (self.planner is None or self.pinned is not None)
+        self._request_unit_bound(self.co_run_bound_ms() if is_held and self.size_co_run_units else None)
         self._partition = partition
         step.infer_sms = self.partitions.num_sms if partition is None else partition[0]
 
     def after_step(self, step, kv_demand_slots: int = 0) -> None:
         super().after_step(step, kv_demand_slots)
+        self._decode_ms.append(step.latency_ms - step.preempt_ms)
+        if len(self._decode_ms) >= MIN_DECODE_STEPS and len(self._decode_ms) % 16 == 0:  # sort less
+            self._decode_quantile_ms = quantile(self._decode_ms, DECODE_QUANTILE)
         if self.chooser is None:
             return
         if self.pinned is None and self._job_was_ready:
@@ -128,6 +158,25 @@ class SpatialController(Controller):
             self.chooser.record_step(self.unit_tokens, kept)
         else:
             self.chooser.skip()  # a step pinned through the admin API, or one whose job had no ready work
+
+    def co_run_bound_ms(self) -> float | None:
+        """What the units of a partition held across steps are sized to: the preemption bound, the longest a
+        step may wait for the unit in flight (the partition revoked before it, or lent memory reclaimed after
+        it) and keep the target at a high quantile of decode's recent step times. On its own partition a unit
+        waits for no decode step, so it is cut for that, not for the step: at least the job's bound
+        (controller.unit_bound_ms), at most CO_RUN_BOUND_MAX_SHARE of the target. None: fewer than
+        MIN_DECODE_STEPS steps seen, or the bound is no longer than the job's."""
+        if self._decode_quantile_ms is None:
+            return None
+        target_ms = self.slo.tpot_slo_ms
+        room_ms = min(target_ms - self._decode_quantile_ms - self.loop_overhead_ms, CO_RUN_BOUND_MAX_SHARE * target_ms)
+        job_bound_ms = unit_bound_ms(target_ms, None if self.planner is None else self.planner.shortest_step_ms)
+        return room_ms if room_ms > job_bound_ms else None
+
+    def _request_unit_bound(self, bound_ms: float | None) -> None:
+        if bound_ms != self._requested_bound_ms:
+            self._requested_bound_ms = bound_ms
+            self.job.request_unit_bound(bound_ms)
 
     def _end_co_run(self, step) -> int:
         if self._granted is not None:
@@ -261,6 +310,8 @@ class SpatialController(Controller):
                 "co_run": co_run, "chooser": None if self.chooser is None else self.chooser.stats(),
                 "preemptions": self.num_preemptions,
                 "preempt_ms_max": round(self.max_preempt_ms, 3), "grow_requests": self.num_grow_requests,
+                "co_run_unit_bound_ms": None if self._requested_bound_ms is None
+                else round(self._requested_bound_ms, 3),
                 "runner": self.runner.stats()}
 
 

@@ -157,6 +157,20 @@ class FinetuneEngine:
         return unit.kind
 
     @property
+    def max_unit_ms(self) -> float | None:
+        """What the units planned now are sized to stay under (None: not split on time)."""
+        return self._sizer.max_unit_ms
+
+    def set_unit_bound(self, max_unit_ms: float) -> None:
+        """Size units to `max_unit_ms` from the next optimizer step on (the units of the step in progress were
+        planned whole with their rows). Only for an engine split on time (config.max_unit_ms set)."""
+        if self.config.max_unit_ms is None:
+            raise RuntimeError("the engine's units are not split on time (config.max_unit_ms is None)")
+        if max_unit_ms <= 0:
+            raise ValueError(f"max_unit_ms must be > 0, got {max_unit_ms}")
+        self._sizer.max_unit_ms = max_unit_ms
+
+    @property
     def is_mid_update(self) -> bool:
         """Part of the optimizer update is applied and part is not: the adapter is neither the last step's nor
         the next one's, so it may not be checkpointed or published until the update's last part has run."""
@@ -353,7 +367,7 @@ class FinetuneEngine:
             "resident_bytes": self._swapper.resident_bytes(),
             "frozen_bytes": self.frozen_bytes(),
             "recomputed_again": self.num_recomputed_again,
-            "max_unit_ms": self.config.max_unit_ms,
+            "max_unit_ms": self._sizer.max_unit_ms,
             "unit_overrun": self._sizer.overruns(),
             "base_weights": self.base_weights,
             "warmup_ms": None if self.warmup_ms is None else round(self.warmup_ms, 3),

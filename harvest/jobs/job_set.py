@@ -83,6 +83,7 @@ class JobSet:
         self._busy_s = 0.0
         self._num_trained_tokens = 0.0
         self.num_switches = 0
+        self.requested_unit_ms: float | None = None
 
     # ---- admin side ----
 
@@ -279,11 +280,16 @@ class JobSet:
     def active_name(self) -> str | None:
         return self._active.spec.name if self._active is not None else None
 
+    def request_unit_bound(self, max_unit_ms: float | None) -> None:
+        """FinetuneJob.request_unit_bound, for whichever member runs next (each takes it at its next unit)."""
+        self.requested_unit_ms = max_unit_ms
+
     def next_unit_kind(self) -> str:
         return self._active.job.next_unit_kind()
 
     def run_unit(self):
         member = self._active
+        member.job.request_unit_bound(self.requested_unit_ms)
         result = member.job.run_unit()
         if result is not None:
             member.num_trained_tokens += result.num_trained_tokens

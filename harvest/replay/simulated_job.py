@@ -55,6 +55,9 @@ class SimulatedJob:
         self.is_ready = False
         self.is_paused = False
         self._unit = SimulatedUnit("unit", unit_ms, tokens_per_s * unit_ms / 1e3)
+        self._bound_unit = self._unit
+        """The unit the job's own bound cuts (request_unit_bound(None) goes back to it)."""
+        self.requested_unit_ms: float | None = None
         self._co_run: SimulatedUnit | None = None
 
     def poll(self) -> None:
@@ -72,6 +75,15 @@ class SimulatedJob:
     @property
     def max_unit_ms(self) -> float:
         return self._unit.duration_ms
+
+    def request_unit_bound(self, max_unit_ms: float | None) -> None:
+        """FinetuneJob's: units of `max_unit_ms` from now on (None: the job's own), training at the same rate,
+        on the whole device and on a partition (SimulatedUnitRunner's)."""
+        self.requested_unit_ms = max_unit_ms
+        unit = self._bound_unit
+        if max_unit_ms is not None:
+            unit = SimulatedUnit(unit.kind, max_unit_ms, unit.num_trained_tokens * max_unit_ms / unit.duration_ms)
+        self._unit = unit
 
     def next_unit_kind(self) -> str:
         return self._unit.kind
@@ -123,8 +135,8 @@ class SimulatedPartitions:
 
 class SimulatedUnitRunner:
     """The worker's unit thread on the simulated device (SpatialController's runner): from its grant the job runs
-    units of `unit_ms` back to back on the partition, training at the profile's co-run rate there; a revoke
-    waits on the simulated clock for the unit in flight to end."""
+    units of `unit_ms` (or of the bound the controller asked the job for) back to back on the partition, training
+    at the profile's co-run rate there; a revoke waits on the simulated clock for the unit in flight to end."""
 
     def __init__(self, job, clock: SimClock, co_run_tokens_per_s, unit_ms: float) -> None:
         self.job, self.clock = job, clock
@@ -141,7 +153,8 @@ class SimulatedUnitRunner:
     def revoke(self) -> float:
         if self._partition is None:
             return 0.0
-        waited_ms = -((self.clock() - self._granted_s) * 1e3) % self.unit_ms
+        unit_ms = self.job.requested_unit_ms or self.unit_ms
+        waited_ms = -((self.clock() - self._granted_s) * 1e3) % unit_ms
         self.clock.advance_ms(waited_ms)
         self._accrue()
         self._partition = None
