@@ -2,6 +2,7 @@
 the inference cores while units run in the unit thread on the finetune cores, across steps (the hand-off
 rules themselves: test_spatial_ownership.py)."""
 
+import dataclasses
 import os
 import threading
 import time
@@ -154,11 +155,14 @@ def test_units_fit_the_shortest_step_with_a_profile_and_the_preemption_bound_wit
     config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cpu", yaml_path="job.yaml"), tpot_slo_ms=40.0)
     planner = _planner(config, profile, None)
     partitions = CorePartitions(list(profile.partitions), CORES[:2])
-    for with_profile in (True, False):
-        controller = _build_controller(config, profile if with_profile else None, planner if with_profile else None,
-                                       partitions, None, JobSet())
+    by_hand = dataclasses.replace(config, finetune=dataclasses.replace(config.finetune, max_unit_ms=5.0))
+    for with_profile, serve_config in ((True, config), (False, config), (False, by_hand)):
+        controller = _build_controller(serve_config, profile if with_profile else None,
+                                       planner if with_profile else None, partitions, None, JobSet())
         try:
             assert controller.mode == "spatial"
+            # A bound set by hand (--finetune-max-unit-ms) holds for co-run units too.
+            assert controller.size_co_run_units == (serve_config is config)
         finally:
             controller.close()
     assert _job_config(config, planner, 0).max_unit_ms == planner.shortest_step_ms

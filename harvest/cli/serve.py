@@ -21,7 +21,9 @@ from harvest.config import AdminConfig, Colocation, ServeConfig, colocation_mode
 JOB_FLAGS = {
     "max_unit_ms": ("--finetune-max-unit-ms", {
         "type": float, "help": "split micro-batches so one unit stays under this (default: the profile's shortest "
-        "decode step, so a pause takes effect within one step; without --profile a quarter of the target)"}),
+        "decode step, so a pause takes effect within one step; without --profile a quarter of the target, and on a "
+        "partition held across steps the target less decode's recent step times, up to half of it; set, it holds "
+        "for every unit)"}),
     "num_window_layers": ("--finetune-window-layers", {
         "type": int, "help": "frozen-weight layers resident at once (default: all)"}),
     "resume": ("--finetune-resume", {

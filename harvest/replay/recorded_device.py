@@ -94,6 +94,7 @@ class RecordedJob:
     state = FinetuneState.RUNNING
     is_active = True
     engine = None
+    requested_unit_ms = None
 
     def __init__(self, clock: SimClock, recording: Recording) -> None:
         self.clock = clock
@@ -123,11 +124,8 @@ class RecordedJob:
     def co_run(self, duration_ms: float, num_trained_tokens: float) -> SimulatedUnit:
         return SimulatedUnit("co_run", duration_ms, num_trained_tokens)
 
-    requested_unit_ms = None
-    """A recording's units are the ones the worker ran, at its bound: replayed as they were."""
-
     def request_unit_bound(self, max_unit_ms: float | None) -> None:
-        pass
+        """A recording's units are the ones the worker ran, at its bound: replayed as they were."""
 
     def wake_s(self) -> float:
         return math.inf
