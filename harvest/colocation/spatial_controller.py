@@ -95,7 +95,6 @@ class SpatialController(Controller):
         """Per recent step: whether a preemption came with it (before it, at the idle turn before it, or after)."""
         self._num_preemptions_seen = 0
         self._decode_quantile_ms: float | None = None
-        self._requested_bound_ms: float | None = None
         self._job_was_ready = False
         self._partition: tuple[int, int] | None = None
         """The step's partition (decode's side is what decode_stream_context follows)."""
@@ -143,10 +142,12 @@ class SpatialController(Controller):
             step.preempt_ms = self._revoke()
             if grant is not None:
                 self._grant(grant)
-        # Held across steps (no planner, or pinned), the partition is taken back only by a preemption; with a
-        # planner it is taken back for the slice after most co-run steps, whose units keep the job's bound.
-        is_held = partition is not None and partition[1] > 0 and (self.planner is None or self.pinned is not None)
-        self._request_unit_bound(self.co_run_bound_ms() if is_held and self.size_co_run_units else None)
+        # Held across steps, the partition is taken back only by a preemption; with a planner it is taken back
+        # for the slice after most co-run steps, whose units keep the job's bound.
+        is_held = partition is not None and partition[1] > 0 and self._holds_partition_across_steps
+        bound_ms = self.co_run_bound_ms() if is_held and self.size_co_run_units else None
+        if bound_ms != self.job.requested_unit_ms:
+            self.job.request_unit_bound(bound_ms)
         self._partition = partition
         step.infer_sms = self.partitions.num_sms if partition is None else partition[0]
 
@@ -184,10 +185,10 @@ class SpatialController(Controller):
         job_bound_ms = unit_bound_ms(target_ms, None if self.planner is None else self.planner.shortest_step_ms)
         return room_ms if room_ms > job_bound_ms else None
 
-    def _request_unit_bound(self, bound_ms: float | None) -> None:
-        if bound_ms != self._requested_bound_ms:
-            self._requested_bound_ms = bound_ms
-            self.job.request_unit_bound(bound_ms)
+    @property
+    def _holds_partition_across_steps(self) -> bool:
+        """No planner, or a pinned partition: no slice takes the partition back after a step."""
+        return self.planner is None or self.pinned is not None
 
     def _end_co_run(self, step) -> int:
         if self._granted is not None:
@@ -211,7 +212,7 @@ class SpatialController(Controller):
         at the bound: the job is the runner's until then); the slice's time holds the wait, the partition training
         meanwhile. With no planner, or one partition pinned, the partition stays with the job between steps."""
         if self._granted is not None:
-            if self.planner is None or self.pinned is not None:
+            if self._holds_partition_across_steps:
                 return False, 0.0
             room_ms = budget_ms - self.slice_reserve_ms - (self.clock() - started) * 1e3
             if 2 * self.job.max_unit_ms > room_ms:
@@ -321,8 +322,8 @@ class SpatialController(Controller):
                 "co_run": co_run, "chooser": None if self.chooser is None else self.chooser.stats(),
                 "preemptions": self.num_preemptions,
                 "preempt_ms_max": round(self.max_preempt_ms, 3), "grow_requests": self.num_grow_requests,
-                "co_run_unit_bound_ms": None if self._requested_bound_ms is None
-                else round(self._requested_bound_ms, 3),
+                "co_run_unit_bound_ms": None if self.job.requested_unit_ms is None
+                else round(self.job.requested_unit_ms, 3),
                 "runner": self.runner.stats()}
 
 
