@@ -8,6 +8,7 @@ import pytest
 
 from harvest.colocation.controller import Controller, TemporalController
 from harvest.colocation.spatial_controller import MIN_DECODE_STEPS, SpatialController
+from harvest.colocation.split_chooser import SplitChooser
 from harvest.config import AdminConfig, ServeConfig
 from harvest.finetune import FinetuneConfig
 from harvest.replay.simulated_job import (
@@ -235,6 +236,34 @@ def test_the_rarer_the_preemptions_the_lower_the_decode_quantile_the_bound_leave
             controller.on_idle()
     assert (controller.num_preemptions > MIN_DECODE_STEPS) == (idle_every is not None)
     assert job.requested_unit_ms == (None if bound_ms is None else pytest.approx(bound_ms))
+
+
+def test_a_chosen_split_gives_the_device_back_for_batches_decode_on_its_side_would_miss():
+    """Decode on the chosen split's inference side takes 10 + 5 x batch ms (the whole device half that): once
+    the split's steps fit that line, a batch of 8 (50 ms on the split, past the 40 ms target) runs on the whole
+    device, while a batch of 2 stays beside the job; the split is never set aside for a miss."""
+    clock = SimClock()
+    job = SimulatedJob(clock, UNIT_MS, 1000.0)
+    job.is_ready = True
+    controller = simulated_spatial(job, clock, None, lambda ft_sms: 100.0 * ft_sms)
+    controller.chooser = SplitChooser([(66, 66)], clock)
+    rng = np.random.default_rng(0)
+    given_back, kept = [], []
+    for n in range(400):
+        batch = int(rng.integers(1, 6)) if n < 50 else (8 if n % 2 else 2)  # a line fitted, then 8s too
+        step = DecodeStep(n, batch, batch * 500, clock())
+        controller.before_step(step)
+        on_split = step.infer_sms == 66
+        latency_ms = step.preempt_ms + (10.0 + 5.0 * batch) / (1 if on_split else 2)
+        clock.advance_ms(latency_ms - step.preempt_ms)
+        step.latency_ms = latency_ms
+        controller.after_step(step)
+        if n >= 50 and controller.chooser.current == (66, 66):
+            (given_back if not on_split else kept).append(batch)
+    assert given_back and set(given_back) == {8}, "every batch of 8 ran on the whole device"
+    assert kept and set(kept) == {2}, "every batch of 2 ran beside the job"
+    assert controller.stats()["steps_given_back"] >= len(given_back)
+    assert controller.chooser.records[(66, 66)].num_misses == 0, "no step on the split went past the target"
 
 
 def test_with_a_planner_or_a_bound_set_by_hand_co_run_units_keep_the_jobs_bound():

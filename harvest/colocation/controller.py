@@ -124,15 +124,22 @@ class BatchCost:
         """How far decode alone runs over its fit (a high quantile of measured / fitted)."""
         return 1.0 / BACKOFF_LATENCY_FRACTION if self._overrun_quantile is None else self._overrun_quantile
 
-    def stretch_limit_ms(self, batch_size: int, latency_ms: float, target_ms: float) -> float:
-        """The longest a step of `latency_ms` at `batch_size` may take, slice included (0: no slice)."""
+    def max_batch(self, target_ms: float, per_request_ms: float | None = None) -> float:
+        """The largest batch decode serves in `target_ms` at the overrun quantile (inf: it does not grow with
+        the batch, or no line is fitted and no `per_request_ms` stands in for it)."""
         if self.slope_ms is None:
-            intercept, per_request = 0.0, latency_ms / batch_size
+            intercept, per_request = 0.0, per_request_ms
         else:
             intercept, per_request = self.intercept_ms, self.slope_ms
-        if per_request <= 0:
+        if per_request is None or per_request <= 0:
+            return math.inf
+        return (target_ms / self.overrun_quantile - intercept) / per_request
+
+    def stretch_limit_ms(self, batch_size: int, latency_ms: float, target_ms: float) -> float:
+        """The longest a step of `latency_ms` at `batch_size` may take, slice included (0: no slice)."""
+        max_batch = self.max_batch(target_ms, latency_ms / batch_size)
+        if math.isinf(max_batch):
             return math.inf  # decode alone does not grow with the batch: growth costs nothing
-        max_batch = (target_ms / self.overrun_quantile - intercept) / per_request
         root = math.sqrt(max_batch) - BATCH_SPREAD_Z * math.sqrt(self.dispersion) / 2 if max_batch > 0 else 0.0
         max_mean_batch = root * root if root > 0 else 0.0
         if max_mean_batch < batch_size + 1:

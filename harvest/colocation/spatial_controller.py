@@ -15,7 +15,8 @@ for a unit, or for a turn of the scheduler thread's work on the job):
   - with a planner, a co-run step is followed by a slice on the whole device where the slack admits one (the
     planner counts the tokens of a step so, and weighs the wait for the unit in flight against co-running):
     the partition is revoked for it and granted again at the next step; pinned or chosen live (no planner), it
-    stays with the job between steps;
+    stays with the job between steps, but for a step whose batch decode on the chosen split's side would not
+    serve in the target (its fit over that split's steps): that one runs on the whole device;
   - KV slots and lent memory stay the scheduler thread's (allocator/unified_allocator.py asserts it): when
     decode needs lent memory back it takes the job for the rebalance at the unit boundary (a preemption, in
     the step's memory_ms); growing the job's window is a request the unit thread serves by stopping at its
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 
 from harvest.colocation.controller import (
     LOOP_OVERHEAD_MS,
+    BatchCost,
     Controller,
     quantile,
     unit_bound_ms,
@@ -95,6 +97,9 @@ class SpatialController(Controller):
         """Per recent step: whether a preemption came with it (before it, at the idle turn before it, or after)."""
         self._num_preemptions_seen = 0
         self._decode_quantile_ms: float | None = None
+        self._partition_cost: dict[tuple[int, int], BatchCost] = {}
+        """Per chosen split: how decode on its inference side grows with the batch, the job beside it."""
+        self.num_steps_given_back = 0
         self._job_was_ready = False
         self._partition: tuple[int, int] | None = None
         """The step's partition (decode's side is what decode_stream_context follows)."""
@@ -134,7 +139,7 @@ class SpatialController(Controller):
         elif decision is not None:
             partition = (decision.infer_sms, decision.ft_sms)
         elif self.chooser is not None and self._job_was_ready:
-            partition = self.chooser.split_for_step(self.unit_tokens)
+            partition = self._serving_split(self.chooser.split_for_step(self.unit_tokens), step.batch_size)
         else:
             partition = None  # the whole device; a chosen split too while the job has no unit to run (paused, building)
         grant = partition if partition is not None and partition[1] > 0 and self._job_was_ready else None
@@ -151,8 +156,24 @@ class SpatialController(Controller):
         self._partition = partition
         step.infer_sms = self.partitions.num_sms if partition is None else partition[0]
 
+    def _serving_split(self, split: tuple[int, int] | None, batch_size: int) -> tuple[int, int] | None:
+        """The chosen split, or the whole device for a step whose batch decode on the split's inference side
+        would not serve in the target (its fit over the split's recent steps, at their overrun quantile): the
+        split trains beside the batches decode keeps up with on fewer cores and gives the device back for the
+        rest (at the wait for the unit in flight, which the co-run bound leaves room for), instead of missing
+        them and being set aside for whole phases. Its steps on the whole device are its phase's all the same."""
+        cost = self._partition_cost.get(split)
+        if cost is None or batch_size <= cost.max_batch(self.slo.tpot_slo_ms - self.loop_overhead_ms):
+            return split
+        self.num_steps_given_back += 1
+        return None
+
     def after_step(self, step, kv_demand_slots: int = 0) -> None:
+        co_ran_on = self._granted if self.chooser is not None else None
         super().after_step(step, kv_demand_slots)
+        if co_ran_on is not None:
+            cost = self._partition_cost.setdefault(co_ran_on, BatchCost())
+            cost.observe(step.batch_size, step.latency_ms - step.preempt_ms)
         self._decode_ms.append(step.latency_ms - step.preempt_ms)
         self._preempted.append(self.num_preemptions != self._num_preemptions_seen)
         self._num_preemptions_seen = self.num_preemptions
@@ -320,7 +341,7 @@ class SpatialController(Controller):
                 "pinned": None if self.pinned is None else list(self.pinned),
                 "granted": None if granted is None else list(granted),
                 "co_run": co_run, "chooser": None if self.chooser is None else self.chooser.stats(),
-                "preemptions": self.num_preemptions,
+                "preemptions": self.num_preemptions, "steps_given_back": self.num_steps_given_back,
                 "preempt_ms_max": round(self.max_preempt_ms, 3), "grow_requests": self.num_grow_requests,
                 "co_run_unit_bound_ms": None if self.job.requested_unit_ms is None
                 else round(self.job.requested_unit_ms, 3),

@@ -15,6 +15,9 @@ phase now and then to keep its rate current, less often the further behind it wa
 its cap, and drops back when it comes close). A finetune partition whose phase had a step over the target ends
 its phase at once and is set aside for SET_ASIDE_PHASES (doubling each time it misses again): decode on fewer
 cores or SMs may not keep the target at this load, while the whole device keeps it by the slice's own back-off.
+Within a partition's phase, a step whose batch decode on fewer cores would not serve in the target runs on the
+whole device all the same (SpatialController._serving_split), so what sets a partition aside is a miss that
+its own batches' fit did not see coming.
 
 Phase rates are noisy: a lull credits whichever split it fell in. So the worker starts on the even split (what a
 user pins by hand, and what trains most once decode needs a core most of the time: `eval/results/cpu-2026-11-27/
