@@ -171,10 +171,10 @@ class SpatialController(Controller):
     def after_step(self, step, kv_demand_slots: int = 0) -> None:
         co_ran_on = self._granted if self.chooser is not None else None
         super().after_step(step, kv_demand_slots)
+        decode_ms = step.latency_ms - step.preempt_ms
         if co_ran_on is not None:
-            cost = self._partition_cost.setdefault(co_ran_on, BatchCost())
-            cost.observe(step.batch_size, step.latency_ms - step.preempt_ms)
-        self._decode_ms.append(step.latency_ms - step.preempt_ms)
+            self._partition_cost.setdefault(co_ran_on, BatchCost()).observe(step.batch_size, decode_ms)
+        self._decode_ms.append(decode_ms)
         self._preempted.append(self.num_preemptions != self._num_preemptions_seen)
         self._num_preemptions_seen = self.num_preemptions
         if len(self._decode_ms) >= MIN_DECODE_STEPS and len(self._decode_ms) % 16 == 0:  # sort less
