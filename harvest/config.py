@@ -77,7 +77,8 @@ class ServeConfig:
     partition_graph_sets: int | None = None
     """Decode partitions that get a CUDA graph set of their own besides the whole device's
     (`--partition-graph-sets`): each set costs capture time and graph memory; the planner picks only these.
-    None: DEFAULT_GRAPH_SETS with a profile; without one only the pinned partition's. Given without a profile
+    None: DEFAULT_GRAPH_SETS with a profile; without one the pinned partition's, or the split chosen live
+    against the whole device (runtime.splits_to_choose). Given without a profile
     (`harvest profile --co-run`), that many partitions get one, so a partition pinned later through the admin
     API replays graphs as a served step does, not eager kernels."""
     partition_graph_max_bs: int | None = None
@@ -140,22 +141,21 @@ class ServeConfig:
             raise HarvestError(f"{flag} runs on the whole device: --pin-partition is spatial")
         if (self.colocation is Colocation.SPATIAL and self.pinned_partition is None and self.profile_path is None
                 and not can_choose_split(self.finetune)):
-            raise HarvestError(f"{flag} needs --pin-partition or a --profile with co-run partitions (on a CPU host "
-                               "of two or more cores it chooses the split itself)")
+            raise HarvestError(f"{flag} on a one-core host needs --pin-partition or a --profile with co-run "
+                               "partitions (a GPU, or a host of two or more cores, chooses its split itself)")
 
 
 def can_choose_split(finetune: FinetuneConfig) -> bool:
     """A spatial worker without a profile or a pinned partition chooses its split from what each trains live
-    (split_chooser.py): on a CPU host of two or more cores. A GPU's decode partitions replay CUDA graph sets that
-    the profile's planner picks (runtime.graph_plan), so there a profile is needed."""
-    return not finetune.device.startswith("cuda") and len(os.sched_getaffinity(0)) >= 2
+    (split_chooser.py): on a GPU (its SMs on green contexts), or on a CPU host of two or more cores."""
+    return finetune.device.startswith("cuda") or len(os.sched_getaffinity(0)) >= 2
 
 
 def colocation_mode(config: ServeConfig, profile) -> Colocation:
     """The worker's co-location mode, decided here only. Unless --colocation names it: spatial where
     --pin-partition names a partition or the profile has co-run partitions (SMs of a GPU, or cores of the CPU
-    host it was measured on), or where there is no profile on a CPU host of two or more cores (the split chosen
-    live, split_chooser.py); else temporal; off without a finetune job."""
+    host it was measured on), or where there is no profile on a GPU or a CPU host of two or more cores (the split
+    chosen live, split_chooser.py); else temporal; off without a finetune job."""
     if config.finetune is None:
         return Colocation.OFF
     has_co_run = profile is not None and profile.latency_model.has_colo and (

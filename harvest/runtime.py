@@ -29,7 +29,7 @@ from harvest.colocation.core_partitions import CorePartitions
 from harvest.colocation.green_partitions import GreenPartitions
 from harvest.colocation.kv_lender import KvLender
 from harvest.colocation.spatial_controller import SpatialController
-from harvest.colocation.split_chooser import SplitChooser
+from harvest.colocation.split_chooser import SplitChooser, even_split
 from harvest.config import DEFAULT_GRAPH_SETS, Colocation, ServeConfig, colocation_mode
 from harvest.finetune.publishing import split_harvest_keys
 from harvest.jobs import JobSet
@@ -120,11 +120,14 @@ class HarvestRuntime:
         largest batch their sets hold, None: every one of capture_bs, SGLang's). With a profile: those the
         planner co-runs on most over capture_bs and three KV lengths, then the rest it may pick, up to the
         largest batch it co-runs at on the first --partition-graph-sets of them (or --partition-graph-max-bs).
-        A worker pinned without a profile: none besides the pinned one, unless --partition-graph-sets names
-        how many (profiling: every partition it will pin through the admin API, so its visits replay graphs)."""
+        Without a profile: the split chosen live (splits_to_choose), every batch size; a pinned worker none
+        besides the pinned one, unless --partition-graph-sets names how many (profiling: every partition it will
+        pin through the admin API, so its visits replay graphs)."""
         config = self.config
         if self.profile is None:
-            return (partitions.pairs if config.partition_graph_sets else []), config.partition_graph_max_bs
+            if config.partition_graph_sets:
+                return partitions.pairs, config.partition_graph_max_bs
+            return ([] if config.pinned_partition else splits_to_choose(partitions)), config.partition_graph_max_bs
         planner = _planner(config, self.profile, partitions.pairs)
         co_run_bs = defaultdict(list)                  # decode SMs -> the batches the planner co-runs on them
         for batch_size in capture_bs:
@@ -153,11 +156,15 @@ class HarvestRuntime:
         return [(i, f) for i, f in partitions.pairs if self.stream_groups.has_graphs(i)]
 
     def prepare_co_run_contexts(self, partitions) -> None:
-        """With a profile, the planner may pick any of its co-run partitions at any step: their green contexts
-        are made at start-up. A profiling worker makes a finetune context at its first pin instead (~136 on an
-        H100), in the visit's warm-up."""
-        if self.profile is not None and hasattr(partitions, "prepare"):
+        """With a profile the planner may pick any of its co-run partitions at any step, and without one the split
+        chosen live may start at any phase: their green contexts are made at start-up. A profiling worker makes a
+        finetune context at its first pin instead (~136 on an H100), in the visit's warm-up."""
+        if not hasattr(partitions, "prepare"):
+            return
+        if self.profile is not None:
             partitions.prepare([(i, f) for i, f in self.planner_pairs(partitions) if f > 0])
+        elif self.config.pinned_partition is None:
+            partitions.prepare(splits_to_choose(partitions))
 
     def start(self, serve_admin: bool, device_index: int = 0) -> None:
         """The scheduler is built: build the controller, start the finetune job's construction and the admin API.
@@ -397,7 +404,7 @@ def _job_config(config: ServeConfig, planner, device_index: int):
 
 def _build_controller(config: ServeConfig, profile, planner, partitions, lender, job):
     """Without a profile nothing is predicted: temporal, each step's finetune budget the target minus its own
-    measured time, or (spatial on a CPU host) the split each phase runs chosen by what each split trained live
+    measured time, or (spatial) the split each phase runs chosen by what each split trained live
     (SplitChooser). `job`: the job set."""
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
     size_co_run_units = config.finetune.max_unit_ms is None  # a bound set by hand holds for every unit
@@ -405,7 +412,7 @@ def _build_controller(config: ServeConfig, profile, planner, partitions, lender,
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
                                   "minus its measured time", lender)
     if partitions is not None and planner is None and config.pinned_partition is None:
-        chooser = SplitChooser(partitions.pairs)
+        chooser = SplitChooser(splits_to_choose(partitions))
         splits = ", ".join(f"({i}, {f})" for i, f in chooser.splits[1:])
         return SpatialController(job, None, slo, partitions, "none (no --profile): the split chosen by what each "
                                  f"trains live, phase by phase: the whole device and its slice, or {splits}", lender,
@@ -418,10 +425,21 @@ def _build_controller(config: ServeConfig, profile, planner, partitions, lender,
     return TemporalController(job, planner, slo, source, lender)
 
 
+def splits_to_choose(partitions) -> list[tuple[int, int]]:
+    """The finetune partitions a spatial worker without a profile or a pin chooses among, besides the whole
+    device: every one a CPU host's cores form; on a GPU the even split alone, since each one's decode needs a
+    CUDA graph set captured at start-up and phases of its own to be measured, which the ~120 pairs an H100's
+    SMs form would not get."""
+    if isinstance(partitions, GreenPartitions):
+        split = even_split(partitions.pairs)
+        return [] if split is None else [split]
+    return partitions.pairs
+
+
 def _spatial_partitions(config: ServeConfig, profile, device_index: int):
     """SMs on green contexts on the worker's GPU; core sets on a CPU host. With a profile, its partitions (and
-    the pinned one); without one (a worker pinned for `harvest profile --co-run`), every partition the device
-    forms, since the admin API may pin any of them (POST /harvest/partition)."""
+    the pinned one); without one (the split chosen live, or a worker pinned for `harvest profile --co-run`),
+    every partition the device forms, since the admin API may pin any of them (POST /harvest/partition)."""
     pairs = None
     if profile is not None:
         pairs = list(profile.partitions)

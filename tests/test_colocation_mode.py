@@ -1,5 +1,6 @@
 """`--colocation`: the mode decided in one place (harvest.config.colocation_mode), bad combinations refused."""
 
+import dataclasses
 import os
 
 import pytest
@@ -53,17 +54,17 @@ def test_bad_combinations_are_one_line_errors(kwargs, fragment):
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="a host of two cores or more chooses its split")
-def test_spatial_without_a_profile_or_a_pin_is_a_cpu_host_of_two_cores_or_more_choosing_its_split(monkeypatch):
+def test_spatial_without_a_profile_or_a_pin_is_a_gpu_or_a_cpu_host_of_two_cores_or_more_choosing_its_split(
+        monkeypatch):
     assert colocation_mode(serve_config(colocation=Colocation.SPATIAL), None) is Colocation.SPATIAL
-    gpu_job = FinetuneConfig("cuda", yaml_path="job.yaml")
-    with pytest.raises(HarvestError, match="--colocation spatial needs --pin-partition or a --profile"):
-        ServeConfig(admin=AdminConfig(), finetune=gpu_job, tpot_slo_ms=40.0, colocation=Colocation.SPATIAL)
-    assert colocation_mode(ServeConfig(admin=AdminConfig(), finetune=gpu_job, tpot_slo_ms=40.0), None) \
-        is Colocation.TEMPORAL
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    with pytest.raises(HarvestError, match="--colocation spatial needs"):
+    with pytest.raises(HarvestError, match="--colocation spatial on a one-core host needs --pin-partition"):
         serve_config(colocation=Colocation.SPATIAL)
     assert colocation_mode(serve_config(), None) is Colocation.TEMPORAL, "one core: nothing to split"
+    # A GPU's SMs split whatever cores the host gives the worker.
+    gpu = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"), tpot_slo_ms=40.0)
+    assert colocation_mode(gpu, None) is Colocation.SPATIAL
+    assert colocation_mode(dataclasses.replace(gpu, colocation=Colocation.SPATIAL), None) is Colocation.SPATIAL
 
 
 def test_spatial_with_a_profile_without_co_run_partitions_is_refused():

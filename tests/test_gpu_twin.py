@@ -14,6 +14,7 @@ import pytest
 
 from base.cuda_driver import ensure_driver_or_stub
 from harvest.bundle.wheel_repack import sglang_kernel_drop
+from harvest.config import Colocation, colocation_mode
 from harvest.deploy import DeployConfig
 from harvest.deploy.pd_deployment import PDDeployment, free_deploy_ports
 from harvest.finetune import llamafactory_args
@@ -142,11 +143,13 @@ def test_lone_worker_without_a_job(model, monkeypatch):
     assert_no_problems(server_args, "fake")
 
 
-@pytest.mark.parametrize("spatial", [[], ["--pin-partition", "64,64"]], ids=["temporal", "spatial"])
-def test_lone_worker_with_a_job(model, job, spatial, monkeypatch):
+@pytest.mark.parametrize("mode", [["--colocation", "temporal"], [], ["--pin-partition", "64,64"]],
+                         ids=["temporal", "spatial-chosen", "spatial-pinned"])
+def test_lone_worker_with_a_job(model, job, mode, monkeypatch):
     server_args, config = serve_on_h100(
-        ["--model-path", model, "--finetune", str(job), "--tpot-slo-ms", "40", *spatial, *_ports()], monkeypatch)
-    assert config.finetune is not None and config.pinned_partition == ((64, 64) if spatial else None)
+        ["--model-path", model, "--finetune", str(job), "--tpot-slo-ms", "40", *mode, *_ports()], monkeypatch)
+    assert config.finetune is not None and config.pinned_partition == ((64, 64) if "--pin-partition" in mode else None)
+    assert colocation_mode(config, None) is (Colocation.TEMPORAL if "temporal" in mode else Colocation.SPATIAL)
     # before_step(n) / after_step(n) pair only without the overlap schedule.
     assert_no_problems(server_args, "fake", is_overlap_off=True)
 
@@ -162,7 +165,7 @@ def test_under_deploy(model, job, mode, tmp_path, monkeypatch):
     """The decode worker `harvest deploy` starts (its `harvest serve` argv) and its prefill worker."""
     with_job = mode != "no-job"
     serve_args = ("--finetune", str(job), "--tpot-slo-ms", "40") if with_job else ()
-    serve_args += ("--pin-partition", "64,64") if mode == "spatial" else ()
+    serve_args += {"temporal": ("--colocation", "temporal"), "spatial": ("--pin-partition", "64,64")}.get(mode, ())
     config = _deploy_config(model, tmp_path, serve_args)
     deployment = PDDeployment(config, is_cpu_host=False)
     decode_argv = deployment.decode.argv

@@ -13,6 +13,7 @@ padding (DecodeInputBuffers on the CPU), replay, and ModelRunner._forward_raw's 
 runner gets the attributes it would have set; harvest's hooks wrap the methods as HookRegistry's AROUND does.
 """
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -248,3 +249,32 @@ def test_a_profiling_worker_gives_every_partition_it_pins_a_graph_set():
     assert profiling.graph_plan(partitions, CAPTURE_BS) == (partitions.pairs, 6)
     pinned = HarvestRuntime(ServeConfig(**job, pinned_partition=(64, 56)))
     assert pinned.graph_plan(partitions, CAPTURE_BS) == ([], None) and pinned.graph_sets == 4
+
+
+def test_a_gpu_worker_without_a_profile_chooses_between_the_whole_device_and_the_even_split(fake_driver):  # noqa: F811
+    """No profile and no pin on a GPU: spatial, the split chosen live between the whole device and the even split
+    ((64, 56) of an H200's 15 groups of 8 SMs + 12), whose decode gets a graph set of every batch size and whose
+    green contexts are made at start-up; nothing else is captured or created. Pinned, the worker captures only
+    its own partition's set."""
+    from harvest.colocation.green_partitions import GreenPartitions
+    from harvest.config import AdminConfig, Colocation, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.jobs import JobSet
+    from harvest.runtime import HarvestRuntime, _build_controller
+
+    driver = fake_driver(132, [8] * 15, 12)
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cuda", yaml_path="job.yaml"), tpot_slo_ms=40.0)
+    runtime = HarvestRuntime(config)
+    assert runtime.colocation is Colocation.SPATIAL
+    partitions = runtime.spatial_partitions(0)
+    assert isinstance(partitions, GreenPartitions) and len(partitions.pairs) > 100
+    assert runtime.graph_plan(partitions, CAPTURE_BS) == ([(64, 56)], None)
+    runtime.prepare_co_run_contexts(partitions)
+    assert driver.contexts == [tuple(range(8)), tuple(range(8, 15))]
+    controller = _build_controller(config, None, None, partitions, None, JobSet())
+    try:
+        assert controller.chooser.splits == [None, (64, 56)] and controller.chooser.current == (64, 56)
+    finally:
+        controller.close()
+    pinned = HarvestRuntime(dataclasses.replace(config, pinned_partition=(32, 88)))
+    assert pinned.graph_plan(pinned.spatial_partitions(0), CAPTURE_BS) == ([], None)

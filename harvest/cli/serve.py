@@ -49,16 +49,16 @@ def add_parser(subparsers) -> None:
                             help="latency profile JSON (harvest profile); without it the budget comes from measured steps")
     colocation.add_argument("--colocation", choices=[m.value for m in Colocation], default=None,
                             help="temporal: between decode steps on the whole device; spatial: beside decode on a "
-                            "partition, or on a CPU host without --profile the split chosen live; off: serve only "
-                            "(default: spatial with --pin-partition or a co-run --profile, or on a CPU host of two "
-                            "cores or more without --profile; else temporal; off without --finetune)")
+                            "partition, or without --profile the split chosen live; off: serve only (default: spatial "
+                            "with --pin-partition or a co-run --profile, or without --profile on a GPU or a CPU host "
+                            "of two cores or more; else temporal; off without --finetune)")
     colocation.add_argument("--pin-partition", metavar="INFER,FT", default=None,
                             help="spatial co-location on this one partition every step, no planner: decode on INFER "
                             "SMs (CPU: cores), finetune beside it on FT (profiling, benchmarks). A --profile with "
                             "co-run partitions makes the worker spatial by itself, the planner choosing per step")
     colocation.add_argument("--partition-graph-sets", type=int, default=None,
                             help="spatial on a GPU: decode partitions given a CUDA graph set of their own besides "
-                            "the whole device's (default 4 with --profile, else the pinned one's; each costs graph "
+                            "the whole device's (default 4 with --profile, else the pinned one's or the even split's; each costs graph "
                             "memory and capture time)")
     colocation.add_argument("--partition-graph-max-bs", type=int, default=None,
                             help="largest batch captured on a partition's graph set (default: the largest the "

@@ -70,8 +70,7 @@ class SplitChooser:
         self.clock = clock
         self.phase_s = phase_s
         self.records = {split: SplitRecord() for split in self.splits}
-        self.current = max(self.splits[1:], key=lambda p: (min(p), p[0]), default=WHOLE)
-        """The even split first: decode and the job as close to half each as the pairs go."""
+        self.current = even_split(self.splits[1:])
         self.leader = self.current
         self.phase = 0
         self._span_s = 0.0
@@ -179,6 +178,12 @@ class SplitChooser:
                                       "set_aside_until": r.set_aside_until, "explore_every": r.explore_every}
                            for s, r in self.records.items()},
                 "recent_phases": list(self.recent)}
+
+
+def even_split(pairs: list[tuple[int, int]]):
+    """The finetune partition closest to half the device each for decode and the job (decode's side the larger
+    where they differ); WHOLE where no pair has a finetune side. The chooser starts on it."""
+    return max((p for p in pairs if p[1] > 0), key=lambda p: (min(p), p[0]), default=WHOLE)
 
 
 def _name(split) -> str:
