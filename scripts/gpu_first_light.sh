@@ -9,7 +9,8 @@
 # the install: the driver stub's symbols come from sgl_kernel) -> model make (Llama-3.2-1B shape, random
 # weights) -> decision cost (plan + observe on this host's CPU) -> temporal worker with the job: --alone-s
 # with no requests (the job alone on the whole GPU, the harvest ratio's denominator), then a --window
-# replay (--window 0: none, the job alone only) -> a replay on a spatial worker pinned to a partition -> solo
+# replay (--window 0: none, the job alone only) -> a replay on a spatial worker (the default: the split chosen
+# live, the whole device or the even split; 64,56 pinned ran on 2026-11-28) -> solo
 # decode profile of the served model -> doctor -> interference check.
 # Each stage runs under `timeout` (its cap, or what is left of --budget-s) and writes into $OUT as it
 # finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, decision.json,
@@ -57,7 +58,7 @@ STAGES=(
   "model 60 random Llama-3.2-1B (bf16, drawn on the GPU) with a small tokenizer, and the LoRA job"
   "decision 30 plan + observe on this host's CPU (harvest bench predictor, the synthetic H100 profile) -> decision.json"
   "temporal 300 temporal worker with the job, once it runs --alone-s alone then a --window conv replay -> temporal.tgz"
-  "spatial 240 spatial worker pinned to 64,56 SMs with the job, once it runs a --window conv replay -> spatial.tgz"
+  "spatial 240 the default worker with the job (spatial, the split chosen live), once it runs a --window conv replay -> spatial.tgz"
   "profile 200 harvest profile, solo: decode shapes of the served model, held-out error -> profile.tgz"
   "doctor 100 harvest doctor, every check but the interference one -> doctor.jsonl"
   "interference 40 decode beside a saturating finetune partition, %smid confinement -> interference.jsonl"
@@ -75,7 +76,7 @@ print(','.join(c.name for c in CHECKS if c.name != 'gpu_interference'))")") ;;
     serve_temporal|serve_spatial)
       ARGV=(serve --model-path "$model" --finetune "$job" --tpot-slo-ms "$tpot_ms" --port "$port"
             --admin-port "$admin_port" --mem-fraction-static 0.6 --cuda-graph-max-bs 16 --grammar-backend none)
-      [ "$1" = serve_spatial ] && ARGV+=(--pin-partition 64,56) ;;
+      [ "$1" = serve_temporal ] && ARGV+=(--colocation temporal) ;;
     replay_temporal|replay_spatial)
       ARGV=(replay --trace conv --window "$window" --target "http://127.0.0.1:$port" --admin "http://127.0.0.1:$admin_port"
             --tpot-ms "$tpot_ms" --out "$work/${1#replay_}" --no-plots) ;;

@@ -44,7 +44,7 @@ def test_dry_run_checks_every_command_against_the_real_parsers(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checked = [line for line in proc.stdout.splitlines() if line.startswith(("ok ", "REFUSED"))]
     assert len(checked) == NUM_HARVEST_COMMANDS and all(line.startswith("ok ") for line in checked), proc.stdout
-    assert any("--pin-partition 64" in line for line in checked)
+    assert any("--colocation temporal" in line for line in checked)  # the temporal stage: not the default on a GPU
     written = [p for name in ("home", "tmp") for p in (tmp_path / name).rglob("*")]
     assert written == [], f"the dry run wrote outside the checkout: {written[:5]}"
 
