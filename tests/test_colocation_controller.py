@@ -266,6 +266,34 @@ def test_a_chosen_split_gives_the_device_back_for_batches_decode_on_its_side_wou
     assert controller.chooser.records[(66, 66)].num_misses == 0, "no step on the split went past the target"
 
 
+def test_a_fresh_split_gives_the_device_back_before_its_line_is_fitted():
+    """A fresh worker at a heavy load: from its first steps, batches of 2 and 8 alternate, and decode on the split
+    takes 10 + 5 x batch ms (8: 50 ms, past the 40 ms target). Before the split's steps spread enough to fit a
+    line, a request costs their mean per request, so the 8s run on the whole device from the first one on, and
+    the split is not set aside for a miss in its first phase."""
+    clock = SimClock()
+    job = SimulatedJob(clock, UNIT_MS, 1000.0)
+    job.is_ready = True
+    controller = simulated_spatial(job, clock, None, lambda ft_sms: 100.0 * ft_sms)
+    controller.chooser = SplitChooser([(66, 66)], clock)
+    on_split_ms = []
+    for n in range(40):
+        batch = 8 if n % 2 else 2
+        step = DecodeStep(n, batch, batch * 500, clock())
+        controller.before_step(step)
+        on_split = step.infer_sms == 66
+        latency_ms = step.preempt_ms + (10.0 + 5.0 * batch) / (1 if on_split else 2)
+        clock.advance_ms(latency_ms - step.preempt_ms)
+        step.latency_ms = latency_ms
+        controller.after_step(step)
+        if on_split:
+            on_split_ms.append(latency_ms - step.preempt_ms)
+    assert controller._partition_cost[(66, 66)].slope_ms is None, "no line fitted: every step on the split was a 2"
+    assert on_split_ms and max(on_split_ms) < TARGET_MS, "no step on the split went past the target"
+    assert controller.stats()["steps_given_back"] == 20
+    assert controller.chooser.records[(66, 66)].num_misses == 0
+
+
 def test_with_a_planner_or_a_bound_set_by_hand_co_run_units_keep_the_jobs_bound():
     """A planner's co-run step is followed by a slice (the partition taken back each step), and a bound set by
     hand (FinetuneConfig.max_unit_ms) holds for every unit: neither sizes co-run units to the preemption bound."""

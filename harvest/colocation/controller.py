@@ -120,6 +120,12 @@ class BatchCost:
             self.intercept_ms = self._y / self._w - self.slope_ms * mean_b
 
     @property
+    def mean_ms_per_request(self) -> float | None:
+        """The recent steps' time over their requests (None before a step): what a request costs if decode had
+        no fixed cost, the most it can cost where the cost grows with the batch."""
+        return self._y / self._b if self._b > 0 else None
+
+    @property
     def overrun_quantile(self) -> float:
         """How far decode alone runs over its fit (a high quantile of measured / fitted)."""
         return 1.0 / BACKOFF_LATENCY_FRACTION if self._overrun_quantile is None else self._overrun_quantile

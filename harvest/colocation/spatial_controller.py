@@ -161,9 +161,13 @@ class SpatialController(Controller):
         would not serve in the target (its fit over the split's recent steps, at their overrun quantile): the
         split trains beside the batches decode keeps up with on fewer cores and gives the device back for the
         rest (at the wait for the unit in flight, which the co-run bound leaves room for), instead of missing
-        them and being set aside for whole phases. Its steps on the whole device are its phase's all the same."""
+        them and being set aside for whole phases. Until the split's steps have spread enough to fit a line,
+        each request costs its steps' mean per request (BatchCost.max_batch's stand-in): a fresh worker at a
+        heavy load gives back from the split's first steps on. Its steps on the whole device are its phase's
+        all the same."""
         cost = self._partition_cost.get(split)
-        if cost is None or batch_size <= cost.max_batch(self.slo.tpot_slo_ms - self.loop_overhead_ms):
+        if cost is None or batch_size <= cost.max_batch(self.slo.tpot_slo_ms - self.loop_overhead_ms,
+                                                        cost.mean_ms_per_request):
             return split
         self.num_steps_given_back += 1
         return None
