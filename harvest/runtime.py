@@ -127,7 +127,8 @@ class HarvestRuntime:
         if self.profile is None:
             if config.partition_graph_sets:
                 return partitions.pairs, config.partition_graph_max_bs
-            return ([] if config.pinned_partition else splits_to_choose(partitions)), config.partition_graph_max_bs
+            pairs = [] if config.pinned_partition is not None else splits_to_choose(partitions)
+            return pairs, config.partition_graph_max_bs
         planner = _planner(config, self.profile, partitions.pairs)
         co_run_bs = defaultdict(list)                  # decode SMs -> the batches the planner co-runs on them
         for batch_size in capture_bs:

@@ -8,7 +8,7 @@
 # Stages, in the order that leaves results when the run is cut off: facts -> install -> native build (after
 # the install: the driver stub's symbols come from sgl_kernel) -> model make (Llama-3.2-1B shape, random
 # weights) -> decision cost (plan + observe on this host's CPU) -> temporal worker with the job: --alone-s
-# with no requests (the job alone on the whole GPU, the harvest ratio's denominator), then a --window
+# with no requests (the job in idle turns; under what a partition trained beside decode on 2026-11-28), then a --window
 # replay (--window 0: none, the job alone only) -> a replay on a spatial worker (the default: the split chosen
 # live, the whole device or the even split; 64,56 pinned ran on 2026-11-28) -> solo
 # decode profile of the served model -> doctor -> interference check.
@@ -168,7 +168,7 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a r
     sleep 1
   done
   echo "$1: job $job_state after $(( $(date +%s) - stage_start ))s"  # not running: the wait ran out
-  # The job alone on the whole device, no requests: the harvest ratio's denominator (temporal only: time)
+  # The job with no requests, in the idle turns of a temporal worker (temporal only: time)
   if [ "$1" = temporal ] && [ $(( stage_deadline - $(date +%s) )) -gt $(( tail_s + alone_s )) ]; then
     "$python" - "http://127.0.0.1:$admin_port/harvest/stats" "$alone_s" >"$dir/alone.json" <<'EOF3'
 import json, sys, time, urllib.request

@@ -58,8 +58,8 @@ def add_parser(subparsers) -> None:
                             "co-run partitions makes the worker spatial by itself, the planner choosing per step")
     colocation.add_argument("--partition-graph-sets", type=int, default=None,
                             help="spatial on a GPU: decode partitions given a CUDA graph set of their own besides "
-                            "the whole device's (default 4 with --profile, else the pinned one's or the even split's; each costs graph "
-                            "memory and capture time)")
+                            "the whole device's (default 4 with --profile, else the pinned one's or the even "
+                            "split's; each costs graph memory and capture time)")
     colocation.add_argument("--partition-graph-max-bs", type=int, default=None,
                             help="largest batch captured on a partition's graph set (default: the largest the "
                             "--profile's planner co-runs at); a larger batch on a partition decodes eagerly on its SMs")
