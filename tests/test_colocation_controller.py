@@ -238,26 +238,40 @@ def test_the_rarer_the_preemptions_the_lower_the_decode_quantile_the_bound_leave
     assert job.requested_unit_ms == (None if bound_ms is None else pytest.approx(bound_ms))
 
 
-def test_a_chosen_split_gives_the_device_back_for_batches_decode_on_its_side_would_miss():
-    """Decode on the chosen split's inference side takes 10 + 5 x batch ms (the whole device half that): once
-    the split's steps fit that line, a batch of 8 (50 ms on the split, past the 40 ms target) runs on the whole
-    device, while a batch of 2 stays beside the job; the split is never set aside for a miss."""
+def chosen_split_controller():
+    """A spatial controller choosing live between the whole device and (66, 66), its job always ready."""
     clock = SimClock()
     job = SimulatedJob(clock, UNIT_MS, 1000.0)
     job.is_ready = True
     controller = simulated_spatial(job, clock, None, lambda ft_sms: 100.0 * ft_sms)
     controller.chooser = SplitChooser([(66, 66)], clock)
+    return controller
+
+
+def run_chosen_split_step(controller, n: int, batch: int) -> bool:
+    """One step whose decode takes 10 + 5 x batch ms on the split's side, half that on the whole device:
+    whether it ran on the split."""
+    clock = controller.clock
+    step = DecodeStep(n, batch, batch * 500, clock())
+    controller.before_step(step)
+    on_split = step.infer_sms == 66
+    decode_ms = (10.0 + 5.0 * batch) / (1 if on_split else 2)
+    clock.advance_ms(decode_ms)
+    step.latency_ms = step.preempt_ms + decode_ms
+    controller.after_step(step)
+    return on_split
+
+
+def test_a_chosen_split_gives_the_device_back_for_batches_decode_on_its_side_would_miss():
+    """Decode on the chosen split's inference side takes 10 + 5 x batch ms (the whole device half that): once
+    the split's steps fit that line, a batch of 8 (50 ms on the split, past the 40 ms target) runs on the whole
+    device, while a batch of 2 stays beside the job; the split is never set aside for a miss."""
+    controller = chosen_split_controller()
     rng = np.random.default_rng(0)
     given_back, kept = [], []
     for n in range(400):
         batch = int(rng.integers(1, 6)) if n < 50 else (8 if n % 2 else 2)  # a line fitted, then 8s too
-        step = DecodeStep(n, batch, batch * 500, clock())
-        controller.before_step(step)
-        on_split = step.infer_sms == 66
-        latency_ms = step.preempt_ms + (10.0 + 5.0 * batch) / (1 if on_split else 2)
-        clock.advance_ms(latency_ms - step.preempt_ms)
-        step.latency_ms = latency_ms
-        controller.after_step(step)
+        on_split = run_chosen_split_step(controller, n, batch)
         if n >= 50 and controller.chooser.current == (66, 66):
             (given_back if not on_split else kept).append(batch)
     assert given_back and set(given_back) == {8}, "every batch of 8 ran on the whole device"
@@ -271,23 +285,13 @@ def test_a_fresh_split_gives_the_device_back_before_its_line_is_fitted():
     takes 10 + 5 x batch ms (8: 50 ms, past the 40 ms target). Before the split's steps spread enough to fit a
     line, a request costs their mean per request, so the 8s run on the whole device from the first one on, and
     the split is not set aside for a miss in its first phase."""
-    clock = SimClock()
-    job = SimulatedJob(clock, UNIT_MS, 1000.0)
-    job.is_ready = True
-    controller = simulated_spatial(job, clock, None, lambda ft_sms: 100.0 * ft_sms)
-    controller.chooser = SplitChooser([(66, 66)], clock)
+    controller = chosen_split_controller()
     on_split_ms = []
     for n in range(40):
         batch = 8 if n % 2 else 2
-        step = DecodeStep(n, batch, batch * 500, clock())
-        controller.before_step(step)
-        on_split = step.infer_sms == 66
-        latency_ms = step.preempt_ms + (10.0 + 5.0 * batch) / (1 if on_split else 2)
-        clock.advance_ms(latency_ms - step.preempt_ms)
-        step.latency_ms = latency_ms
-        controller.after_step(step)
+        on_split = run_chosen_split_step(controller, n, batch)
         if on_split:
-            on_split_ms.append(latency_ms - step.preempt_ms)
+            on_split_ms.append(10.0 + 5.0 * batch)
     assert controller._partition_cost[(66, 66)].slope_ms is None, "no line fitted: every step on the split was a 2"
     assert on_split_ms and max(on_split_ms) < TARGET_MS, "no step on the split went past the target"
     assert controller.stats()["steps_given_back"] == 20
