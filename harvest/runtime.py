@@ -29,7 +29,7 @@ from harvest.colocation.core_partitions import CorePartitions
 from harvest.colocation.green_partitions import GreenPartitions
 from harvest.colocation.kv_lender import KvLender
 from harvest.colocation.spatial_controller import SpatialController
-from harvest.colocation.split_chooser import SplitChooser, even_split
+from harvest.colocation.split_chooser import WHOLE, SplitChooser, even_split
 from harvest.config import DEFAULT_GRAPH_SETS, Colocation, ServeConfig, colocation_mode
 from harvest.finetune.publishing import split_harvest_keys
 from harvest.jobs import JobSet
@@ -433,7 +433,7 @@ def splits_to_choose(partitions) -> list[tuple[int, int]]:
     SMs form would not get."""
     if isinstance(partitions, GreenPartitions):
         split = even_split(partitions.pairs)
-        return [] if split is None else [split]
+        return [] if split is WHOLE else [split]
     return partitions.pairs
 
 
