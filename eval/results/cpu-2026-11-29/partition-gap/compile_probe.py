@@ -4,28 +4,14 @@ three units (forward without autograd, recompute with it, backward) repeated on 
 torch.compile, each alone and beside a decode-like thread (HF SmolLM2, batch 8, KV cache) on core 0 of the same
 process. Fixed work, so the times compare directly. Run from the repository root:
 .venv/bin/python eval/results/cpu-2026-11-29/partition-gap/compile_probe.py"""
-import contextlib, json, os, sys, tempfile, threading, time
+import contextlib, json, multiprocessing as mp, os, sys, tempfile, threading, time
 from pathlib import Path
 
 import torch
 
+from gil_probe import decode_loop  # the same decode-like loop, on core 0 (this folder is the script's path)
+
 REPS = 20
-
-
-def decode_loop(stop, steps, ready):
-    os.sched_setaffinity(threading.get_native_id(), [0]); torch.set_num_threads(1)
-    from transformers import AutoModelForCausalLM
-    from harvest.models import resolve_model_path
-    model = AutoModelForCausalLM.from_pretrained(str(resolve_model_path(None)), dtype=torch.float32).eval()
-    ids = torch.randint(0, 1000, (8, 64))
-    with torch.no_grad():
-        while not stop.is_set():
-            out = model(ids, use_cache=True); past = out.past_key_values
-            nxt = out.logits[:, -1:].argmax(-1)
-            for _ in range(64):
-                if stop.is_set(): break
-                out = model(nxt, past_key_values=past, use_cache=True); past = out.past_key_values
-                nxt = out.logits[:, -1:].argmax(-1); steps[0] += 1; ready.set()
 
 
 def main():
@@ -80,13 +66,15 @@ def main():
     results = {"compile_s": round(compile_s, 1), "reps": REPS, "runs": []}
     for rnd in range(3):
         for beside in (False, True):
-            stop, steps, ready = threading.Event(), [0], threading.Event()
+            stop, steps = threading.Event(), mp.Value("l", 0)
             if beside:
-                th = threading.Thread(target=decode_loop, args=(stop, steps, ready)); th.start(); ready.wait()
+                th = threading.Thread(target=decode_loop, args=(stop, steps, [0])); th.start()
+                while steps.value < 1:  # its first step done: the model loaded
+                    time.sleep(0.01)
             for name, fn in (("eager", eager), ("compiled", compiled)):
-                s0, t0 = steps[0], time.perf_counter()
+                s0, t0 = steps.value, time.perf_counter()
                 ms, on_cpu = timed(fn)
-                rate = (steps[0] - s0) / (time.perf_counter() - t0)
+                rate = (steps.value - s0) / (time.perf_counter() - t0)
                 entry = {"round": rnd, "units": name, "decode_thread": beside, "ms_per_layer_fwd_recompute_bwd": round(ms, 2),
                          "on_cpu": round(on_cpu, 3), "decode_steps_per_s": round(rate, 2)}
                 results["runs"].append(entry); print(json.dumps(entry), flush=True)
