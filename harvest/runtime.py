@@ -178,7 +178,7 @@ class HarvestRuntime:
                                None if partitions is None else self.planner_pairs(partitions))
             self.controller = _build_controller(self.config, self.profile, planner, partitions, self.lender,
                                                 JobSet(fair_share_quantum_ms=self.config.job_quantum_s * 1e3))
-            self.jobs = self._worker_jobs(_job_config(self.config, planner, device_index))
+            self.jobs = self._worker_jobs(_job_config(self.config, planner, device_index, partitions))
             initial = _initial_job(self.config.finetune)
             self._fleet_job = None if self.config.fleet is None else initial["name"]
             self.jobs.start(initial)
@@ -394,12 +394,18 @@ def _max_unit_ms(config: ServeConfig, planner) -> float:
     return unit_bound_ms(config.tpot_slo_ms, None if planner is None else planner.shortest_step_ms)
 
 
-def _job_config(config: ServeConfig, planner, device_index: int):
+def _job_config(config: ServeConfig, planner, device_index: int, partitions):
     """Every job's FinetuneConfig but its YAML. device_index: the worker's CUDA device, named in the job's
-    device (a bare "cuda" means device 0 in the spatial unit thread, whatever SGLang set)."""
+    device (a bare "cuda" means device 0 in the spatial unit thread, whatever SGLang set). Called on the
+    scheduler thread, whose torch thread count the job's units in decode's turns run with."""
     finetune_config = dataclasses.replace(config.finetune, yaml_path=None, resume=False)
     if finetune_config.device == "cuda":
         finetune_config = dataclasses.replace(finetune_config, device=f"cuda:{device_index}")
+    else:
+        counts = {torch.get_num_threads()}
+        if partitions is not None:
+            counts |= {len(partitions.cores)} | {ft for _, ft in partitions.pairs if ft > 0}
+        finetune_config = dataclasses.replace(finetune_config, compile_thread_counts=tuple(sorted(counts)))
     return dataclasses.replace(finetune_config, max_unit_ms=_max_unit_ms(config, planner))
 
 

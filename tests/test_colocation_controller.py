@@ -345,8 +345,8 @@ def test_with_a_profile_units_are_sized_to_its_shortest_step():
     profile = Profile.load(SHIPPED_PATH)
     config = ServeConfig(admin=AdminConfig(), tpot_slo_ms=TARGET_MS, finetune=FinetuneConfig(yaml_path="job.yaml"))
     planner = SplitPlanner(profile, TARGET_MS)
-    assert _job_config(config, planner, 0).max_unit_ms == pytest.approx(planner.shortest_step_ms)
-    assert _job_config(config, None, 0).max_unit_ms == TARGET_MS / 4
+    assert _job_config(config, planner, 0, None).max_unit_ms == pytest.approx(planner.shortest_step_ms)
+    assert _job_config(config, None, 0, None).max_unit_ms == TARGET_MS / 4
 
 
 def test_before_any_unit_is_timed_the_slice_admits_units_where_twice_their_bound_fits():

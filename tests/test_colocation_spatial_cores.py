@@ -165,8 +165,8 @@ def test_units_fit_the_shortest_step_with_a_profile_and_the_preemption_bound_wit
             assert controller.size_co_run_units == (serve_config is config)
         finally:
             controller.close()
-    assert _job_config(config, planner, 0).max_unit_ms == planner.shortest_step_ms
-    assert _job_config(config, None, 0).max_unit_ms == 40.0 * PREEMPTION_BOUND_SHARE
+    assert _job_config(config, planner, 0, None).max_unit_ms == planner.shortest_step_ms
+    assert _job_config(config, None, 0, None).max_unit_ms == 40.0 * PREEMPTION_BOUND_SHARE
     # The spatial worker's planner weighs the wait for half a unit against each co-run; a temporal one's does not.
     assert _planner(config, profile, list(profile.partitions)).switch_ms == planner.shortest_step_ms / 2
     assert planner.switch_ms == 0.0

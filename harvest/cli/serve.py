@@ -26,6 +26,10 @@ JOB_FLAGS = {
         "for every unit)"}),
     "num_window_layers": ("--finetune-window-layers", {
         "type": int, "help": "frozen-weight layers resident at once (default: all)"}),
+    "compile_layers": ("--finetune-compile", {
+        "action": argparse.BooleanOptionalAction, "default": True, "help": "on a CPU host, run the jobs' decoder "
+        "layers through torch.compile, graphs made while each job is built (about a minute); "
+        "--no-finetune-compile: eagerly, as LlamaFactory"}),
     "resume": ("--finetune-resume", {
         "action": "store_true", "help": "continue the job from its last checkpoint in output_dir"}),
 }

@@ -69,8 +69,11 @@ class HeadParts:
 
 class DecoderUnits:
     def __init__(self, peft_model: nn.Module, device: torch.device, autocast_dtype: torch.dtype | None,
-                 generator: torch.Generator) -> None:
-        """`generator`: the job's own RNG on `device`; its dropout draws from it and from nothing else."""
+                 generator: torch.Generator, compile_thread_counts: tuple[int, ...] = ()) -> None:
+        """`generator`: the job's own RNG on `device`; its dropout draws from it and from nothing else.
+        `compile_thread_counts`: run the layers through torch.compile, with graphs for these torch thread
+        counts (CompiledLayers); empty, or with dropout (drawn from the job's generator, which dynamo does not
+        trace): eagerly."""
         base = peft_model.get_base_model()
         inner = getattr(base, "model", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -91,6 +94,11 @@ class DecoderUnits:
         self.is_embed_trainable = any(p.requires_grad for p in self.embed_tokens.parameters())
         self.generator = generator
         self.uses_dropout = _use_generator_dropout(self.layers, generator)
+        self.compiled = None
+        if compile_thread_counts and not self.uses_dropout:
+            from harvest.finetune.compiled_layers import CompiledLayers
+
+            self.compiled = CompiledLayers(compile_thread_counts)
 
     @property
     def num_layers(self) -> int:
@@ -132,6 +140,10 @@ class DecoderUnits:
             past_key_values=None,
             position_ids=position_ids,
         )
+        if self.compiled is not None:
+            from harvest.finetune.compiled_layers import owned_mask
+
+            row_slice.causal_mask = owned_mask(row_slice.causal_mask, hidden)
         row_slice.position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
         row_slice.hidden = [hidden] + [None] * self.num_layers
 
@@ -259,7 +271,8 @@ class DecoderUnits:
     def recompute(self, row_slice: RowSlice, layer_id: int) -> None:
         """The first half of backward(layer_id): the layer's forward from its kept input, with autograd on (and
         its dropout masks replayed); the graph waits in the row slice for backward."""
-        needs_input_grad = layer_id > 0 or self.is_embed_trainable
+        # Compiled, layer 0 computes its input's gradient too (dropped by backward): one graph for every layer.
+        needs_input_grad = layer_id > 0 or self.is_embed_trainable or self.compiled is not None
         hidden = row_slice.hidden[layer_id].detach().requires_grad_(needs_input_grad)
         rng_state = row_slice.rng_states.pop(layer_id, None)
         with _replayed(self.generator, rng_state), torch.enable_grad(), self._autocast():
@@ -273,7 +286,7 @@ class DecoderUnits:
         _, hidden, output = row_slice.recomputed
         row_slice.recomputed = None
         torch.autograd.backward(output, row_slice.grad)
-        row_slice.grad = hidden.grad if hidden.requires_grad else None
+        row_slice.grad = hidden.grad if layer_id > 0 or self.is_embed_trainable else None
         row_slice.hidden[layer_id] = None
         if layer_id == 0 and self.is_embed_trainable:
             with torch.enable_grad(), self._autocast():
@@ -282,6 +295,9 @@ class DecoderUnits:
             row_slice.grad = None
 
     def _run_layer(self, layer_id: int, hidden: torch.Tensor, row_slice: RowSlice) -> torch.Tensor:
+        if self.compiled is not None:
+            return self.compiled(self.layers[layer_id], hidden, row_slice.causal_mask, row_slice.position_ids,
+                                 row_slice.position_embeddings)
         output = self.layers[layer_id](
             hidden,
             attention_mask=row_slice.causal_mask,

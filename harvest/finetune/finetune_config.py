@@ -30,6 +30,13 @@ class FinetuneConfig:
     """Run every unit kind once on a tiny batch while the engine is built, changing nothing of its training, so
     the first run's one-time work (kernel loading) is not a unit on the decode path. False: each kind's first
     unit pays it."""
+    compile_layers: bool = False
+    """On a CPU, run the decoder layers through torch.compile (harvest.finetune.compiled_layers), their graphs
+    made in the warm-up (so it needs warm_up_units), which takes about a minute. Losses then equal LlamaFactory's
+    within float rounding, not bit for bit. A GPU job runs them eagerly (not measured compiled)."""
+    compile_thread_counts: tuple[int, ...] = ()
+    """The torch thread counts the job's units run with, a graph set made for each: in a worker, those of its
+    core partitions and of decode's thread; empty: the building thread's."""
     served_model_path: str | None = None
     """The model the worker serves (`harvest serve`): the job shares its weights only if it is the same
     model (harvest.finetune.base_weights); None: a job outside a worker."""
@@ -43,5 +50,9 @@ class FinetuneConfig:
             raise ValueError(f"max_slice_rows must be >= 1 or None, got {self.max_slice_rows}")
         if self.data_shard is not None and not 0 <= self.data_shard[0] < self.data_shard[1]:
             raise ValueError(f"data_shard must be (K, N) with 0 <= K < N, got {self.data_shard}")
+        if any(count < 1 for count in self.compile_thread_counts):
+            raise ValueError(f"compile_thread_counts must be >= 1, got {self.compile_thread_counts}")
+        if self.compile_layers and not self.warm_up_units:
+            raise ValueError("compile_layers needs warm_up_units, where the graphs are made")
         if not self.log_name or "/" in self.log_name:
             raise ValueError(f"log_name must be a plain file name, got {self.log_name!r}")

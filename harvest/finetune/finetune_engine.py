@@ -372,6 +372,7 @@ class FinetuneEngine:
             "base_weights": self.base_weights,
             "warmup_ms": None if self.warmup_ms is None else round(self.warmup_ms, 3),
             "warmup_unit_ms": {kind: round(ms, 3) for kind, ms in self.warmup_unit_ms.items()},
+            "compiled_layers": None if self.units.compiled is None else self.units.compiled.stats(),
             "state": state,
         }
 
@@ -393,7 +394,11 @@ class FinetuneEngine:
         # with. On a CPU it is the global CPU generator, swapped per unit with the data loader's draws (one
         # stream, as in LlamaFactory; decode runs in this same thread there).
         self.generator = torch.default_generator if self.device.type == "cpu" else torch.Generator(self.device)
-        self.units = DecoderUnits(setup.peft_model, self.device, setup.autocast_dtype, self.generator)
+        compile_thread_counts = ()
+        if self.config.compile_layers and self.device.type == "cpu":
+            compile_thread_counts = self.config.compile_thread_counts or (torch.get_num_threads(),)
+        self.units = DecoderUnits(setup.peft_model, self.device, setup.autocast_dtype, self.generator,
+                                  compile_thread_counts)
         for module in self.units.non_layer_modules():
             module.to(self.device)
         self._served_storage_ptrs = set()

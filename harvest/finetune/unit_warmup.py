@@ -51,6 +51,9 @@ def warm_up_units(units: DecoderUnits, layers, optimizer: OptimizerParts, collat
     on_stream = torch.cuda.stream(torch.cuda.Stream(device)) if device.type == "cuda" else nullcontext()
     try:
         with on_stream, units.drawing_from(torch.Generator(device)), layers.borrowed(layer_id):
+            if units.compiled is not None:
+                with timed("compile"):
+                    units.compiled.warm_up(lambda: _run_layer_units(units, collate, layer_id))
             with timed("embed"):
                 units.embed(row_slice)
             # hidden[i]: input of layer i; the last layer runs on the embedding's output.
@@ -82,10 +85,23 @@ def warm_up_units(units: DecoderUnits, layers, optimizer: OptimizerParts, collat
     return times
 
 
-def _tiny_row_slice(collate, device: torch.device) -> RowSlice:
+def _run_layer_units(units: DecoderUnits, collate, layer_id: int) -> None:
+    """A layer's forward, recompute and backward, the gradient from above all ones, on two rows and on one (a
+    one-row slice has graphs of its own: SDPA's lowering guards on a batch of 1)."""
+    for lengths in (ROW_LENGTHS, ROW_LENGTHS[:1]):
+        row_slice = _tiny_row_slice(collate, units.device, lengths)
+        units.embed(row_slice)
+        row_slice.hidden[layer_id] = row_slice.hidden[0]
+        units.forward(row_slice, layer_id)
+        row_slice.grad = torch.ones_like(row_slice.hidden[layer_id + 1])
+        units.recompute(row_slice, layer_id)
+        units.backward(row_slice, layer_id)
+
+
+def _tiny_row_slice(collate, device: torch.device, lengths: tuple[int, ...] = ROW_LENGTHS) -> RowSlice:
     """Rows of token ids 1..n, their first two positions unlabelled (as a prompt is), padded by the collator."""
     features = []
-    for length in ROW_LENGTHS:
+    for length in lengths:
         ids = list(range(1, length + 1))
         features.append({"input_ids": ids, "attention_mask": [1] * length, "labels": [IGNORE_INDEX] * 2 + ids[2:]})
     inputs = {k: v.to(device) for k, v in collate(features).items() if torch.is_tensor(v)}
