@@ -401,7 +401,7 @@ def _job_config(config: ServeConfig, planner, device_index: int, partitions):
     finetune_config = dataclasses.replace(config.finetune, yaml_path=None, resume=False)
     if finetune_config.device == "cuda":
         finetune_config = dataclasses.replace(finetune_config, device=f"cuda:{device_index}")
-    else:
+    if finetune_config.device == "cpu":
         counts = {torch.get_num_threads()}
         if partitions is not None:
             counts |= {len(partitions.cores)} | {ft for _, ft in partitions.pairs if ft > 0}

@@ -20,7 +20,7 @@ def job_yaml(work, name: str, **overrides) -> str:
 
 def worker_args(work, jobs_dir) -> list[str]:
     model = yaml.safe_load(job_yaml(work, "probe"))["model_name_or_path"]
-    return ["--model-path", model, "--max-total-tokens", "4096", "--tpot-slo-ms", str(TPOT_SLO_MS),
+    return ["--model-path", model, "--max-total-tokens", "4096", "--tpot-slo-ms", str(TPOT_SLO_MS), "--no-finetune-compile",
             "--admin-token", TOKEN, "--jobs-dir", str(jobs_dir), "--job-quantum-s", "1",
             "--enable-lora", "--max-lora-rank", "4", "--lora-target-modules", "all", "--lora-backend", "torch_native"]
 

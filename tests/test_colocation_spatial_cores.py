@@ -172,6 +172,25 @@ def test_units_fit_the_shortest_step_with_a_profile_and_the_preemption_bound_wit
     assert planner.switch_ms == 0.0
 
 
+def test_a_cpu_workers_jobs_get_compiled_graphs_for_every_thread_count_their_units_run_with():
+    """Decode's own thread count (a temporal worker's units run in its turns), the whole device's and each
+    partition's finetune cores; a GPU job keeps none (its layers run eagerly)."""
+    import torch
+
+    from harvest.config import AdminConfig, ServeConfig
+    from harvest.finetune import FinetuneConfig
+    from harvest.runtime import _job_config
+
+    config = ServeConfig(admin=AdminConfig(), finetune=FinetuneConfig("cpu", yaml_path="job.yaml",
+                                                                      compile_layers=True), tpot_slo_ms=40.0)
+    partitions = CorePartitions([(1, 1), (1, 0), (2, 0)], [0, 1])
+    spatial = _job_config(config, None, 0, partitions)
+    assert spatial.compile_layers and spatial.compile_thread_counts == tuple(sorted({torch.get_num_threads(), 1, 2}))
+    assert _job_config(config, None, 0, None).compile_thread_counts == (torch.get_num_threads(),)
+    gpu = dataclasses.replace(config, finetune=dataclasses.replace(config.finetune, device="cuda"))
+    assert _job_config(gpu, None, 0, None).compile_thread_counts == ()
+
+
 def test_the_admin_api_pins_and_unpins_a_spatial_workers_partition(tmp_path):
     from fastapi.testclient import TestClient
 

@@ -16,12 +16,14 @@ def test_bench_tiny_reports_both_engines_and_identical_losses():
     bench.add_arguments(parser)
     previous = torch.get_num_threads()
     try:
-        result = bench.run(parser.parse_args(["--tiny", "--max-steps", "3", "--num-threads", "1"]))
+        result = bench.run(parser.parse_args(["--tiny", "--max-steps", "3", "--num-threads", "1", "--compiled-run"]))
     finally:
         torch.set_num_threads(previous)
     assert result["steps"] == 3
     assert result["llamafactory"]["tokens_per_s"] > 0 and result["harvest"]["tokens_per_s"] > 0
     assert result["max_loss_rel_diff"] < 1e-4
+    compiled = result["harvest_compiled"]
+    assert compiled["tokens_per_s"] > 0 and compiled["max_loss_rel_diff"] < 1e-4
     window = result["harvest_window1"]
     # Shrinking a 1-layer window frees that layer's frozen weights (how fast is the benchmark's to say).
     assert window["shrink_freed_bytes"] > 0 and window["shrink_ms"] > 0

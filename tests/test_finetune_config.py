@@ -82,7 +82,8 @@ def test_good_config_parses_with_llamafactory_defaults(good_job, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"num_window_layers": 0}, {"max_unit_ms": 0.0}, {"max_slice_rows": 0}, {"log_name": "a/b"}]
+    "kwargs", [{"num_window_layers": 0}, {"max_unit_ms": 0.0}, {"max_slice_rows": 0}, {"log_name": "a/b"},
+               {"compile_layers": True, "warm_up_units": False}, {"compile_thread_counts": (1, 0)}]
 )
 def test_finetune_config_invariants(kwargs):
     with pytest.raises(ValueError):

@@ -182,7 +182,7 @@ def publishing_worker(tmp_path_factory):
                          publish_name=ADAPTER_NAME)
     args = ["--model-path", yaml.safe_load(job.read_text())["model_name_or_path"], "--max-total-tokens", "4096",
             "--finetune", str(job), "--tpot-slo-ms", str(TPOT_SLO_MS), "--admin-token", ADMIN_TOKEN,
-            "--lora-paths", f"{STATIC_ADAPTER}={work / 'static-adapter'}"]
+            "--lora-paths", f"{STATIC_ADAPTER}={work / 'static-adapter'}", "--no-finetune-compile"]
     with WorkerProcess(args, free_port(), free_port(), work / "worker.log").start() as worker:
         yield worker
 

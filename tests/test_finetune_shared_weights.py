@@ -41,7 +41,8 @@ def shared_worker(tmp_path_factory):
     model_dir = yaml.safe_load(job_path.read_text())["model_name_or_path"]
     # KV pool of several chunks (test_kv_lending_e2e.py's flags), so the lender runs and must lend nothing.
     args = ["--model-path", model_dir, "--dtype", "float32", "--max-total-tokens", "8192", "--kv-block-kib", "64",
-            "--num-reserved-decode-tokens", "16", "--finetune", str(job_path), "--tpot-slo-ms", "500"]
+            "--num-reserved-decode-tokens", "16", "--finetune", str(job_path), "--tpot-slo-ms", "500",
+            "--no-finetune-compile"]  # eager: the path compared with LlamaFactory (compiled: test_compiled_layers.py)
     with WorkerProcess(args, free_port(), free_port(), work / "worker.log").start() as worker:
         checkpoint = load_file(next(p for p in os.scandir(model_dir) if p.name.endswith(".safetensors")).path)
         yield worker, job_path, checkpoint, served_digests(worker.url, checkpoint)

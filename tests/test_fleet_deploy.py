@@ -55,7 +55,8 @@ def test_a_killed_decode_worker_leaves_the_fleet_serving_and_training(tmp_path):
         model_path=str(tmp_path / "tiny-llama-2l"), log_dir=tmp_path / "logs", router_port=ports[0],
         router_metrics_port=ports[1], prefill_port=ports[2], bootstrap_port=ports[3], decode_port=ports[4],
         admin_port=ports[5], first_transfer_port=ports[6], lighthouse_port=free_ports(1)[0], max_total_tokens=4096,
-        decode_workers=2, kv_bootstrap_timeout_s=KV_BOOTSTRAP_TIMEOUT_S, serve_args=("--finetune", str(job), "--tpot-slo-ms", "500", "--fleet-round-tokens", "1500"))
+        decode_workers=2, kv_bootstrap_timeout_s=KV_BOOTSTRAP_TIMEOUT_S, serve_args=("--finetune", str(job), "--tpot-slo-ms", "500", "--fleet-round-tokens", "1500",
+                                                                                "--no-finetune-compile"))
     config = dataclasses.replace(config, prefill_lora_flags=prefill_lora_flags(config.serve_args, is_cpu_host=True))
     deployment = PDDeployment(config, ensure_driver_or_stub(), process_env()).start()
     try:

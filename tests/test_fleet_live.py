@@ -40,7 +40,7 @@ def worker_process(work, lighthouse: str, index: int, incarnation: int,
                          publish_name=ADAPTER)
     args = ["--model-path", str(work / "tiny-llama-2l"), "--max-total-tokens", "4096", "--finetune", str(job),
             "--tpot-slo-ms", "500", "--fleet", lighthouse, "--replica-id", f"w{index}", "--fleet-shard", f"{index}/2",
-            "--fleet-round-tokens", str(ROUND_TOKENS)]
+            "--fleet-round-tokens", str(ROUND_TOKENS), "--no-finetune-compile"]
     log = work / f"w{index}-{incarnation}.log"
     port, admin_port = ports or free_ports(2)
     return WorkerProcess(args, port, admin_port, log)

@@ -69,7 +69,8 @@ def test_greedy_outputs_are_the_same_with_kv_lent_and_reclaimed(tiny_model_dir, 
     a real PD deployment, against plain SGLang.)"""
     # The two workers run side by side (greedy outputs do not depend on timing): one start-up's wait, not two.
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        lending_off = pool.submit(run_burst, tiny_model_dir, tmp_path, "lending-off", "--no-kv-lending")
+        lending_off = pool.submit(run_burst, tiny_model_dir, tmp_path, "lending-off", "--no-kv-lending",
+                                  "--no-finetune-compile")
         lending_on = pool.submit(run_burst, tiny_model_dir, tmp_path, "spatial-lending-on", "--pin-partition", "1,1")
         (reference, _, off), (outputs, before, after) = lending_off.result(), lending_on.result()
     assert off["memory"]["kv_lending"].startswith("off") and "chunks_lent" not in off["memory"]
@@ -88,3 +89,7 @@ def test_greedy_outputs_are_the_same_with_kv_lent_and_reclaimed(tiny_model_dir, 
     assert [len(o) for o in outputs] == [MAX_NEW_TOKENS] * NUM_REQUESTS
     assert outputs == reference
     assert after["finetune"]["state"] in ("running", "waiting", "starved")
+    # The job's layers ran compiled (harvest serve's default on a CPU host): graphs for the unit thread's one core
+    # and the whole device's two, and no unit found none.
+    compiled = after["finetune"]["compiled_layers"]
+    assert {1, 2} <= set(compiled["thread_counts"]) and compiled["eager_calls"] == 0, compiled

@@ -96,7 +96,7 @@ def deployment(tiny_model_dir, tmp_path_factory, reference):
         model_path=str(tiny_model_dir), log_dir=tmp, router_port=ports[0], router_metrics_port=ports[1],
         prefill_port=ports[2], bootstrap_port=ports[3], decode_port=ports[4], admin_port=ports[5],
         first_transfer_port=ports[6], max_total_tokens=MAX_TOTAL_TOKENS,
-        serve_args=(*DECODE_FLAGS, "--finetune", str(job), "--tpot-slo-ms", "500"),
+        serve_args=(*DECODE_FLAGS, "--finetune", str(job), "--tpot-slo-ms", "500", "--no-finetune-compile"),
     )
     config = dataclasses.replace(config, prefill_lora_flags=prefill_lora_flags(config.serve_args, is_cpu_host=True))
     deployment = PDDeployment(config, ensure_driver_or_stub(), process_env()).start()

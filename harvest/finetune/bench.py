@@ -5,7 +5,8 @@ steady state: non-padding tokens of steps 2..N over the summed wall time of thos
 identical, so both process the same tokens). A step's time is a whole loop iteration for both: batch
 loading and collation, forward/backward, optimizer, logging. Also measured: harvest with a window of one
 layer (swapping every layer every pass), how fast shrinking the window returns memory, the largest
-relative loss difference to LlamaFactory, and the bytes the job holds with a copy of the base weights vs
+relative loss difference to LlamaFactory, with `--compiled-run` harvest with its layers compiled (what a CPU
+worker runs: harvest.finetune.compiled_layers; its graphs made before the timed steps), and the bytes the job holds with a copy of the base weights vs
 computing on the served ones (`base_weights`).
 
 Deferred imports: the training libraries (llamafactory, transformers, peft, safetensors) are imported by the functions
@@ -31,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=DEFAULT_STEPS, help=f"steps per run (default {DEFAULT_STEPS})")
     parser.add_argument("--device", default="cpu", help="device for harvest's units (LlamaFactory picks its own)")
     parser.add_argument("--no-window-run", action="store_true", help="skip the window-of-one-layer run")
+    parser.add_argument("--compiled-run", action="store_true",
+                        help="also harvest with its layers through torch.compile (a CPU worker's default)")
     parser.add_argument("--no-base-weights-run", action="store_true",
                         help="skip the base-weights memory rows (copy vs shared)")
     parser.add_argument("--num-threads", type=int, help="torch CPU threads for both (steadier on a shared host)")
@@ -66,11 +69,13 @@ def _bench(args: argparse.Namespace, work_dir: Path) -> dict:
 
     lf_raw = {**llamafactory.raw, "output_dir": str(work_dir / "llamafactory"), "overwrite_output_dir": True}
     # LlamaFactory prints its training example on stdout, which must carry only the result JSON.
-    lf_runs, harvest_runs, windowed_runs = [], [], []
+    lf_runs, harvest_runs, windowed_runs, compiled_runs = [], [], [], []
     with contextlib.redirect_stdout(sys.stderr):
         for _ in range(max(args.repeats, 1)):
             lf_runs.append(_run_llamafactory(lf_raw))
             harvest_runs.append(_run_harvest(llamafactory.raw, args.device, None))
+            if args.compiled_run:
+                compiled_runs.append(_run_harvest(llamafactory.raw, args.device, None, compile_layers=True))
             if not args.no_window_run:
                 windowed_runs.append(_run_harvest(llamafactory.raw, args.device, 1))
     lf_losses = lf_runs[0][0]
@@ -95,6 +100,12 @@ def _bench(args: argparse.Namespace, work_dir: Path) -> dict:
     if not args.no_base_weights_run:
         with contextlib.redirect_stdout(sys.stderr):
             result["base_weights"] = _base_weights_memory(llamafactory.raw, args.device)
+    if compiled_runs:
+        compiled = {**compiled_runs[0], "step_s": _fastest_steps([run["step_s"] for run in compiled_runs])}
+        result["harvest_compiled"] = {
+            **_versus(compiled, lf_step_s, tokens),
+            "max_loss_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(compiled["losses"], lf_losses)),
+        }
     if windowed is not None:
         result["harvest_window1"] = {
             **_versus(windowed, lf_step_s, tokens),
@@ -143,13 +154,15 @@ def _run_llamafactory(raw: dict) -> tuple[list[float], list[float]]:
     return losses, step_s
 
 
-def _run_harvest(raw: dict, device: str, num_window_layers: int | None) -> dict:
+def _run_harvest(raw: dict, device: str, num_window_layers: int | None, compile_layers: bool = False) -> dict:
     from harvest.finetune import FinetuneConfig, FinetuneEngine
     from harvest.finetune.llamafactory_args import LlamaFactoryArgs
 
     output_dir = raw["output_dir"] + (f"-w{num_window_layers}" if num_window_layers else "")
+    output_dir += "-compiled" if compile_layers else ""
     llamafactory = LlamaFactoryArgs.from_dict({**raw, "output_dir": output_dir})
-    engine = FinetuneEngine(llamafactory, FinetuneConfig(device=device, num_window_layers=num_window_layers))
+    engine = FinetuneEngine(llamafactory, FinetuneConfig(device=device, num_window_layers=num_window_layers,
+                                                         compile_layers=compile_layers))
     losses, step_s = [], []
     while not engine.is_finished:
         started = time.perf_counter()

@@ -95,7 +95,11 @@ class DecoderUnits:
         self.generator = generator
         self.uses_dropout = _use_generator_dropout(self.layers, generator)
         self.compiled = None
-        if compile_thread_counts and not self.uses_dropout:
+        self.eager_reason: str | None = None
+        """Why layers asked to be compiled run eagerly (dropout, or their warm-up failed to compile them)."""
+        if compile_thread_counts and self.uses_dropout:
+            self.eager_reason = "LoRA dropout draws from the job's generator, which torch.compile does not trace"
+        elif compile_thread_counts:
             from harvest.finetune.compiled_layers import CompiledLayers
 
             self.compiled = CompiledLayers(compile_thread_counts)

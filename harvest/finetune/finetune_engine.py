@@ -7,6 +7,7 @@ when the job's base model is the worker's served model, on the served weights in
 copy, no window; harvest.finetune.base_weights).
 """
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ from harvest.finetune.unit_sizer import UnitSizer
 from harvest.finetune.unit_warmup import warm_up_units
 from harvest.finetune.weight_memory import WeightMemory
 from harvest.finetune.window_policy import WindowPolicy
+
+logger = logging.getLogger(__name__)
 
 UNIT_KINDS = ("embed", "forward", "head", "recompute", "backward", "grad_norm", "optimizer", "checkpoint")
 """"grad_norm" and "optimizer": the optimizer update, whole or in parts (OptimizerParts); "checkpoint": an update's
@@ -112,6 +115,8 @@ class FinetuneEngine:
             self.warmup_unit_ms = warm_up_units(self.units, self._swapper, self._optimizer,
                                                 self.setup.dataloader.collate_fn, can_split_head)
             self.warmup_ms = (time.perf_counter() - started) * 1e3
+        if self.units.eager_reason is not None:
+            logger.warning("harvest: the job's layers run eagerly: %s", self.units.eager_reason)
         # No layer is fetched yet: a step starts with the embedding unit, after which the window fills.
 
     @classmethod
@@ -372,7 +377,8 @@ class FinetuneEngine:
             "base_weights": self.base_weights,
             "warmup_ms": None if self.warmup_ms is None else round(self.warmup_ms, 3),
             "warmup_unit_ms": {kind: round(ms, 3) for kind, ms in self.warmup_unit_ms.items()},
-            "compiled_layers": None if self.units.compiled is None else self.units.compiled.stats(),
+            "compiled_layers": (self.units.compiled.stats() if self.units.compiled is not None
+                                else None if self.units.eager_reason is None else {"eager": self.units.eager_reason}),
             "state": state,
         }
 

@@ -26,6 +26,10 @@ from harvest.finetune.step_queue import IGNORE_INDEX
 ROW_LENGTHS = (16, 9)
 """Two rows of unequal length: the batch is padded, so the attention mask is built as for a real one."""
 
+COMPILE_ROW_LENGTHS = (17, 13, 11, 7, 5)
+"""The compile warm-up's slice: sizes (5 rows, 17 positions) that equal no dimension of a model's (heads, KV heads,
+head size), where dynamo would take the size for that constant and make the graph for it alone."""
+
 
 def warm_up_units(units: DecoderUnits, layers, optimizer: OptimizerParts, collate,
                   can_split_head: bool) -> dict[str, float]:
@@ -53,7 +57,11 @@ def warm_up_units(units: DecoderUnits, layers, optimizer: OptimizerParts, collat
         with on_stream, units.drawing_from(torch.Generator(device)), layers.borrowed(layer_id):
             if units.compiled is not None:
                 with timed("compile"):
-                    units.compiled.warm_up(lambda: _run_layer_units(units, collate, layer_id))
+                    try:
+                        units.compiled.warm_up(lambda: _run_layer_units(units, collate, layer_id))
+                    except Exception as e:  # noqa: BLE001 - a model dynamo cannot trace whole trains eagerly
+                        units.compiled = None
+                        units.eager_reason = f"compiling them failed: {type(e).__name__}: {str(e).splitlines()[0]}"
             with timed("embed"):
                 units.embed(row_slice)
             # hidden[i]: input of layer i; the last layer runs on the embedding's output.
@@ -86,9 +94,9 @@ def warm_up_units(units: DecoderUnits, layers, optimizer: OptimizerParts, collat
 
 
 def _run_layer_units(units: DecoderUnits, collate, layer_id: int) -> None:
-    """A layer's forward, recompute and backward, the gradient from above all ones, on two rows and on one (a
+    """A layer's forward, recompute and backward, the gradient from above all ones, on several rows and on one (a
     one-row slice has graphs of its own: SDPA's lowering guards on a batch of 1)."""
-    for lengths in (ROW_LENGTHS, ROW_LENGTHS[:1]):
+    for lengths in (COMPILE_ROW_LENGTHS, COMPILE_ROW_LENGTHS[:1]):
         row_slice = _tiny_row_slice(collate, units.device, lengths)
         units.embed(row_slice)
         row_slice.hidden[layer_id] = row_slice.hidden[0]
