@@ -6,8 +6,8 @@ Graphs are made only while the engine is built (`warm_up`, on one thread): dynam
 threads tracing at once, and the job's units run on SGLang's scheduler thread and on the unit thread. A graph
 is guarded on the process's global state, two parts of which change between units: the torch thread count (a
 partition's cores) and grad mode (forward units run without autograd, recompute with it). So the warm-up
-compiles each (thread count, grad mode) the job will run under, on a slice of two rows and one of one row
-(SDPA's lowering guards on a batch of 1). After it, units call the layer under dynamo's "eager_on_recompile"
+compiles each (thread count, grad mode) the job will run under, on a slice of several rows and one of one row
+(SDPA's lowering guards on a batch of 1; unit_warmup.COMPILE_ROW_LENGTHS). After it, units call the layer under dynamo's "eager_on_recompile"
 stance: a graph whose guards admit the call runs, else the layer runs eagerly (counted), never traced. The
 stance is process-wide: while a unit holds it, a compiled function SGLang calls for the first time runs eagerly
 once instead of compiling (it compiles at a later call), and another job's warm-up, which needs the default
@@ -51,8 +51,8 @@ class CompiledLayers:
         """`thread_counts`: the torch thread counts the job's units will run with (its partitions' cores)."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
         self.thread_counts = tuple(sorted(set(thread_counts)))
-        # fullgraph: a graph break would fail the warm-up (the job then runs eagerly, FinetuneEngine) rather than
-        # leave frames of the layer to be traced on whichever thread first runs them.
+        # fullgraph: a graph break fails the warm-up (the job then runs eagerly, unit_warmup) rather than leave
+        # frames of the layer to be traced on whichever thread first runs them.
         self._compile = torch.compile(_call_layer, dynamic=True, fullgraph=True)
         self._compiling_thread: int | None = None
         self.num_calls = 0
