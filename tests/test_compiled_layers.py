@@ -1,5 +1,5 @@
 """Compiled decoder layers (harvest.finetune.compiled_layers): the graphs made while the engine is built serve
-every slice a job runs (two rows and one), on a thread other than the builder, at each thread count they were
+every slice a job runs (several rows and one), on a thread other than the builder, at each thread count they were
 made for, with losses equal to the eager engine's within float rounding; a unit no graph admits runs eagerly,
 counted, instead of tracing on a thread that runs units."""
 
@@ -31,8 +31,12 @@ def _losses_on_a_unit_thread(engine: FinetuneEngine, num_threads: int, num_steps
     losses = []
 
     def run():
+        before = torch.get_num_threads()  # a thread's count is also the one later threads start with
         torch.set_num_threads(num_threads)
-        losses.extend(engine.run_step().loss for _ in range(num_steps))
+        try:
+            losses.extend(engine.run_step().loss for _ in range(num_steps))
+        finally:
+            torch.set_num_threads(before)
 
     thread = threading.Thread(target=run)
     thread.start()

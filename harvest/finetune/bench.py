@@ -6,8 +6,8 @@ identical, so both process the same tokens). A step's time is a whole loop itera
 loading and collation, forward/backward, optimizer, logging. Also measured: harvest with a window of one
 layer (swapping every layer every pass), how fast shrinking the window returns memory, the largest
 relative loss difference to LlamaFactory, with `--compiled-run` harvest with its layers compiled (what a CPU
-worker runs: harvest.finetune.compiled_layers; its graphs made before the timed steps), and the bytes the job holds with a copy of the base weights vs
-computing on the served ones (`base_weights`).
+worker runs: harvest.finetune.compiled_layers; its graphs made before the timed steps), and the bytes the job
+holds with a copy of the base weights vs computing on the served ones (`base_weights`).
 
 Deferred imports: the training libraries (llamafactory, transformers, peft, safetensors) are imported by the functions
 that use them, so importing this module does not pay their seconds of start-up.
