@@ -53,8 +53,6 @@ class FinetuneProfiler:
         units (ProfiledDevice.finetune_context: pinned cores, or a green-context stream). One engine, built and
         warmed on the whole device (on a CPU, OpenMP teams made first on every core: core_partitions.py),
         then `num_steps` optimizer steps per partition."""
-        import torch  # deferred: the profile CLI imports this module before it needs torch
-
         from harvest.finetune import FinetuneConfig, FinetuneEngine  # deferred: the engine loads torch
 
         started = time.perf_counter()
@@ -64,12 +62,8 @@ class FinetuneProfiler:
                          "max_steps": NUM_WARMUP_STEPS + self.num_steps * len(contexts)}
             # LlamaFactory prints its training example on stdout, which carries only the profile summary.
             with contextlib.redirect_stdout(sys.stderr):
-                # On a CPU the layers compiled for each partition's cores, as a worker's job runs them (harvest
-                # serve's default; a GPU job runs them eagerly).
-                threads = tuple(sorted({torch.get_num_threads(), *contexts})) if self.device == "cpu" else ()
                 engine = FinetuneEngine.from_yaml(self.config_path, overrides, FinetuneConfig(
-                    device=self.device, max_unit_ms=self.max_unit_ms, compile_layers=True,
-                    compile_thread_counts=threads))
+                    device=self.device, max_unit_ms=self.max_unit_ms))
                 for _ in range(NUM_WARMUP_STEPS):
                     engine.run_step()
                 setup_s = time.perf_counter() - started
