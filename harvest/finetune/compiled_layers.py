@@ -38,12 +38,19 @@ _eager = threading.local()
 """Per thread: how many layer calls ran eagerly (_call_layer's body runs only then: a graph replaces it)."""
 
 
-def _call_layer(layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
-                position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    if not torch.compiler.is_compiling():
-        _eager.calls = getattr(_eager, "calls", 0) + 1
+def call_layer(layer: nn.Module, hidden: torch.Tensor, mask, position_ids: torch.Tensor,
+               position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """A decoder layer's output hidden states (an HF layer returns them alone or first in a tuple)."""
     output = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings)
     return output[0] if isinstance(output, tuple) else output
+
+
+def _call_layer(layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """call_layer, the function compiled: its eager runs count themselves."""
+    if not torch.compiler.is_compiling():
+        _eager.calls = getattr(_eager, "calls", 0) + 1
+    return call_layer(layer, hidden, mask, position_ids, position_embeddings)
 
 
 class CompiledLayers:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from base.errors import HarvestError
+from harvest.finetune.compiled_layers import CompiledLayers, call_layer, owned_mask
 
 
 MIN_VOCAB_CHUNK = 128
@@ -100,8 +101,6 @@ class DecoderUnits:
         if compile_thread_counts and self.uses_dropout:
             self.eager_reason = "LoRA dropout draws from the job's generator, which torch.compile does not trace"
         elif compile_thread_counts:
-            from harvest.finetune.compiled_layers import CompiledLayers
-
             self.compiled = CompiledLayers(compile_thread_counts)
 
     @property
@@ -145,8 +144,6 @@ class DecoderUnits:
             position_ids=position_ids,
         )
         if self.compiled is not None:
-            from harvest.finetune.compiled_layers import owned_mask
-
             row_slice.causal_mask = owned_mask(row_slice.causal_mask, hidden)
         row_slice.position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
         row_slice.hidden = [hidden] + [None] * self.num_layers
@@ -299,16 +296,9 @@ class DecoderUnits:
             row_slice.grad = None
 
     def _run_layer(self, layer_id: int, hidden: torch.Tensor, row_slice: RowSlice) -> torch.Tensor:
-        if self.compiled is not None:
-            return self.compiled(self.layers[layer_id], hidden, row_slice.causal_mask, row_slice.position_ids,
-                                 row_slice.position_embeddings)
-        output = self.layers[layer_id](
-            hidden,
-            attention_mask=row_slice.causal_mask,
-            position_ids=row_slice.position_ids,
-            position_embeddings=row_slice.position_embeddings,
-        )
-        return output[0] if isinstance(output, tuple) else output
+        run = call_layer if self.compiled is None else self.compiled
+        return run(self.layers[layer_id], hidden, row_slice.causal_mask, row_slice.position_ids,
+                   row_slice.position_embeddings)
 
     def _autocast(self):
         if self.autocast_dtype is None:
