@@ -12,6 +12,7 @@ from harvest.colocation.core_partitions import CorePartitions
 from harvest.colocation.spatial_controller import SpatialController
 from harvest.colocation.split_chooser import (
     EXPLORE_EVERY,
+    MAX_WARMUP_PHASES,
     MIN_PHASE_STEPS,
     PHASE_S,
     SET_ASIDE_PHASES,
@@ -32,14 +33,15 @@ class Clock:
         return self.now
 
 
-def run_phases(chooser, clock, rates, num_phases, misses=lambda split, phase: False, noise=0.0, seed=0):
+def run_phases(chooser, clock, rates, num_phases, misses=lambda split, phase: False, noise=0.0, seed=0,
+               is_learned=lambda split: True):
     """Drive decode steps until `num_phases` phases have run; `rates(split, phase)`: tokens/s the split trains
     then; `misses(split, phase)`: its fourth step misses the target. Returns the split of every phase."""
     rng = random.Random(seed)
     chosen, step_in_phase, work = [], 0, 0.0
     dt = PHASE_S / STEPS_PER_PHASE
     while chooser.phase < num_phases:
-        split = chooser.split_for_step(work)
+        split = chooser.split_for_step(work, is_learned)
         phase = chooser.phase
         if len(chosen) == phase:
             chosen.append(split)
@@ -64,6 +66,33 @@ def test_each_split_is_measured_then_the_faster_one_runs_and_the_slower_is_tried
     assert chosen.count(PAIR) / len(chosen) > 0.9
     stats = chooser.stats()
     assert stats["splits"]["1,1"]["unit_tokens_per_s"] > stats["splits"]["whole"]["unit_tokens_per_s"]
+
+
+def test_a_warmup_lasts_until_the_split_is_learned_or_its_bound_and_a_learned_split_warms_up_in_one_phase():
+    clock = Clock()
+    chooser = SplitChooser([PAIR], clock)
+    learned_from = 7.0 * PHASE_S  # the whole device's decode cost line is fitted after this much time on it
+    whole_s = [0.0]
+
+    def is_learned(split):
+        return split is not None or whole_s[0] >= learned_from
+
+    def rates(split, phase):
+        if split is None:
+            whole_s[0] += PHASE_S / STEPS_PER_PHASE
+            return 10.0 if whole_s[0] < learned_from else 90.0  # its slices are cut to nothing until then
+        return 60.0
+
+    chosen = run_phases(chooser, clock, rates, 10, is_learned=is_learned)
+    warmup = [p for p in chooser.recent if p["split"] == "whole" and p["warmup"]]
+    assert len(warmup) == 1 and warmup[0]["steps"] >= 7 * STEPS_PER_PHASE, "one warm-up, until learned"
+    assert chosen[3:].count(None) >= 5, "once learned, the whole device measured as the faster split"
+    # Never learned: the warm-up ends at its bound, and the split is measured as it is.
+    chooser = SplitChooser([PAIR], clock)
+    run_phases(chooser, clock, lambda split, phase: 60.0, 6, is_learned=lambda split: split is not None)
+    warmup = [p for p in chooser.recent if p["split"] == "whole" and p["warmup"]]
+    assert warmup and MAX_WARMUP_PHASES * STEPS_PER_PHASE <= warmup[0]["steps"] <= (MAX_WARMUP_PHASES + 1) * STEPS_PER_PHASE
+    assert chooser.records[None].num_phases >= 1
 
 
 def test_the_choice_follows_the_load_when_the_faster_split_changes():
@@ -176,9 +205,10 @@ def test_a_spatial_controller_without_planner_or_pin_runs_the_chosen_split_and_r
     controller = chosen_controller(chooser, job)
     records = []
     try:
-        for n in range(140):
+        for n in range(240):
             job.is_ready = n >= 20  # the first steps: the job's engine is still being built
-            step = DecodeStep(n, 1, 10, time.perf_counter())
+            # Batches of 1 to 3: the whole device's decode cost line is fitted within its warm-up.
+            step = DecodeStep(n, 1 + n % 3, 10, time.perf_counter())
             controller.before_step(step)
             with controller.decode_stream_context():
                 time.sleep(0.003)
@@ -192,6 +222,7 @@ def test_a_spatial_controller_without_planner_or_pin_runs_the_chosen_split_and_r
     assert set(records) == {(2, 0), (1, 1)}, "both splits ran and the records say which"
     stats = controller.stats()["chooser"]
     assert stats["phase"] >= 2 and all(s["phases"] for s in stats["splits"].values())
+    assert controller.batch_cost.is_learned, "the whole device's warm-up ran until its line was learned"
     assert all(p["unit_tokens_per_s"] > 0 for p in stats["recent_phases"] if p["split"] == "1,1"
                and not p["warmup"]), stats  # the warm-up phase may end before the unit thread's first unit
     assert controller.stats()["co_run"]["1,1"]["tokens"] > 0

@@ -126,6 +126,11 @@ class BatchCost:
         return self._y / self._b if self._b > 0 else None
 
     @property
+    def is_learned(self) -> bool:
+        """A line is fitted and its overrun quantile measured: no stand-in is in use."""
+        return self.slope_ms is not None and self._overrun_quantile is not None
+
+    @property
     def overrun_quantile(self) -> float:
         """How far decode alone runs over its fit (a high quantile of measured / fitted)."""
         return 1.0 / BACKOFF_LATENCY_FRACTION if self._overrun_quantile is None else self._overrun_quantile

@@ -24,7 +24,12 @@ user pins by hand, and what trains most once decode needs a core most of the tim
 load-sweep/`), and a split takes the lead from the one that has it only on CONFIRM_PHASES phases of its own: one
 that beat it once runs again at once, and leads if its running rate still does. Each split's first phase counts
 for none (a warm-up: the whole device's slice fit is still learning decode's cost, a partition's units their
-co-run times)."""
+co-run times). A warm-up lasts until what the split runs on has learned it (`is_learned`, the controller's say):
+on the whole device, the slice's decode cost line and its overrun quantile. Until then its slices are cut to the
+stand-in's worst case (each request costs a whole step), at a light load to nothing at all, so a phase that ended
+sooner would rate the whole device far below what it trains (`eval/results/cpu-2026-11-29/chooser-whole-device/`).
+It is learned once: the line is kept while other splits run. MAX_WARMUP_PHASES bounds it where the batch never
+spreads enough to fit a line."""
 
 import time
 from collections import deque
@@ -33,6 +38,8 @@ from dataclasses import dataclass
 PHASE_S = 2.0
 MIN_PHASE_STEPS = 8
 """A phase ends once PHASE_S of it were counted and it saw this many steps."""
+MAX_WARMUP_PHASES = 15
+"""A warm-up ends by this many phases' time counted, learned or not."""
 RATE_WEIGHT = 0.5
 """Weight of a phase's rate in its split's running rate (the last two or three phases count)."""
 EXPLORE_EVERY = (4, 32)
@@ -83,15 +90,21 @@ class SplitChooser:
         """When the last step's work ended; None after a step that measures no split (skip)."""
         self.recent: deque[dict] = deque(maxlen=RECENT_PHASES)
 
-    def split_for_step(self, work: float) -> tuple[int, int] | None:
-        """The split the next decode step runs on (None: the whole device); a phase that is over ends here."""
+    def split_for_step(self, work: float, is_learned=lambda split: True) -> tuple[int, int] | None:
+        """The split the next decode step runs on (None: the whole device); a phase that is over ends here.
+        `is_learned(split)`: whether what the split runs on has learned what its warm-up is for."""
         now = (self.clock(), work)
         if self._last_end is not None and now[0] - self._last_end[0] <= self.phase_s:
             self._add(self._last_end, now)  # the time since the last step (idle turns too), and what ran in it
-        if self._missed or (self._span_s >= self.phase_s and self._steps >= MIN_PHASE_STEPS):
+        if self._missed or (self._span_s >= self.phase_s and self._steps >= MIN_PHASE_STEPS
+                            and self._warmup_is_over(is_learned)):
             self._end_phase()
         self._step_start = now
         return self.current
+
+    def _warmup_is_over(self, is_learned) -> bool:
+        return (self.records[self.current].is_warm or self._span_s >= MAX_WARMUP_PHASES * self.phase_s
+                or is_learned(self.current))
 
     def record_step(self, work: float, is_slo_met: bool) -> None:
         """A step of the current phase is done, its slice too (the job had ready work): whether it kept the
