@@ -187,3 +187,50 @@ def test_the_scheduler_thread_stays_on_decode_cores_from_grant_to_revoke():
             job.permits.release()
     granted, revoked, before = seen
     assert granted == {CORES[0]} and revoked == before
+
+
+def test_the_unit_thread_lives_from_a_grant_to_its_revoke_so_no_openmp_team_of_its_outlives_the_grant():
+    """An OpenMP team lives as long as the thread that made it, and one beside the scheduler thread's makes libgomp
+    stop its workers' spin-waiting (slower decode on the whole device): each grant gets a thread that the revoke
+    ends. Here its units make a team of two threads."""
+    import torch
+
+    class TeamJob(AlwaysReadyJob):
+        max_unit_ms = 1.0
+
+        polled_on = []
+        ran = threading.Semaphore(0)
+
+        def poll(self):
+            if threading.current_thread().name == UNIT_THREAD:
+                self.polled_on.append(os.sched_getaffinity(0))
+
+        def run_unit(self):
+            before = torch.get_num_threads()  # also the count later threads start with: put back
+            torch.set_num_threads(2)
+            torch.ones(1 << 18).add_(1)  # a parallel op: the calling thread's OpenMP team
+            torch.set_num_threads(before)
+            self.ran.release()
+            return SimulatedUnit("unit", 1.0, 10)
+
+    def unit_threads():
+        return [t for t in threading.enumerate() if t.name == UNIT_THREAD]
+
+    job = TeamJob()
+    controller = SpatialController(job, None, SloTracker(1000.0, 100),
+                                   CorePartitions([(1, 1), (2, 0)], CORES[:2]), "test", pinned=(1, 1))
+    try:
+        assert unit_threads() == [], "no thread before a grant"
+        for n in range(2):
+            controller.pinned = (1, 1)
+            controller.before_step(DecodeStep(2 * n, 1, 10, 0.0))
+            assert len(unit_threads()) == 1
+            assert job.ran.acquire(timeout=LIVENESS_S), "no unit ran on the granted partition"
+            controller.pinned = (2, 0)
+            controller.before_step(DecodeStep(2 * n + 1, 1, 10, 0.0))
+            assert unit_threads() == [], "the unit thread outlived its grant"
+    finally:
+        controller.close()
+    assert controller.stats()["runner"]["threads_started"] == 2
+    # Made by the scheduler thread on decode's cores, the thread runs on the job's from its start, polls too.
+    assert job.polled_on and all(cores == {CORES[1]} for cores in job.polled_on), job.polled_on

@@ -139,7 +139,8 @@ class SpatialController(Controller):
         elif decision is not None:
             partition = (decision.infer_sms, decision.ft_sms)
         elif self.chooser is not None and self._job_was_ready:
-            partition = self._serving_split(self.chooser.split_for_step(self.unit_tokens), step.batch_size)
+            split = self.chooser.split_for_step(self.unit_tokens, self._is_learned)
+            partition = self._serving_split(split, step.batch_size)
         else:
             partition = None  # the whole device; a chosen split too while the job has no unit to run (paused, building)
         grant = partition if partition is not None and partition[1] > 0 and self._job_was_ready else None
@@ -155,6 +156,12 @@ class SpatialController(Controller):
             self.job.request_unit_bound(bound_ms)
         self._partition = partition
         step.infer_sms = self.partitions.num_sms if partition is None else partition[0]
+
+    def _is_learned(self, split: tuple[int, int] | None) -> bool:
+        """Whether the chooser may end `split`'s warm-up: on the whole device, once the slice's decode cost line
+        and its overrun quantile are fitted (BatchCost.is_learned); a partition's units learn their co-run times
+        in a phase."""
+        return split is not None or self.batch_cost.is_learned
 
     def _serving_split(self, split: tuple[int, int] | None, batch_size: int) -> tuple[int, int] | None:
         """The chosen split, or the whole device for a step whose batch decode on the split's inference side
@@ -353,34 +360,44 @@ class SpatialController(Controller):
 
 
 class UnitThread:
-    """The worker's runner: a thread that runs the job's units on the granted finetune partition back to back,
-    polling the job between them, from the grant until the revoke."""
+    """The worker's runner: from a grant until its revoke, a thread that runs the job's units on the granted
+    finetune partition back to back, polling the job between them. A thread per grant, not one for the worker's
+    life: an OpenMP team lives as long as the thread that made it, and while one lives beside the scheduler
+    thread's, libgomp counts more threads than cores and its workers stop spin-waiting between parallel regions,
+    which slows decode and the slices on the whole device (eval/results/cpu-2026-11-29/chooser-whole-device/)."""
+
+    NAME = "harvest-finetune-units"
 
     def __init__(self, controller: SpatialController):
         self.controller = controller
         self._partition: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None
+        self._revoked = threading.Event()
+        """Set by the revoke: wakes the thread from a wait between units."""
         self._tokens = self._unit_tokens = 0
         self._job_lock = threading.Lock()
         self._tokens_lock = threading.Lock()
         self._wanted = threading.Event()
         """The scheduler thread wants the job at the next unit boundary (memory work): no unit starts."""
-        self._granted_event = threading.Event()
-        self._closed = threading.Event()
         self._unit_ms = self._unit_cpu_ms = 0.0
-        self._thread = threading.Thread(target=self._run_units, name="harvest-finetune-units", daemon=True)
-        self._thread.start()
+        self.num_threads_started = 0
 
     def grant(self, partition: tuple[int, int]) -> None:
+        assert self._thread is None, "a grant follows the revoke of the one before"
         self._partition = partition
-        self._granted_event.set()
+        self._revoked.clear()
+        self._thread = threading.Thread(target=self._run_units, args=(partition,), name=self.NAME, daemon=True)
+        self._thread.start()
+        self.num_threads_started += 1
 
     def revoke(self) -> float:
-        """No unit starts from now; the ms waited for the one in flight."""
+        """No unit starts from now; the ms waited for the one in flight (and the thread's end)."""
         started = time.perf_counter()
         self._partition = None
-        self._granted_event.clear()
-        with self._job_lock:
-            pass
+        self._revoked.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
         return (time.perf_counter() - started) * 1e3
 
     def take_work(self) -> tuple[int, int]:
@@ -415,25 +432,25 @@ class UnitThread:
         self._wanted.clear()
 
     def close(self) -> None:
-        self._closed.set()
-        self._granted_event.set()
+        self.revoke()
 
     def stats(self) -> dict:
         """The co-run units' time, and the share of it this thread was on a core: on a CPU host the rest is
         waiting (for the interpreter lock, or for a core); on a GPU it includes waiting for the device."""
         unit_ms = self._unit_ms
         return {"unit_ms": round(unit_ms, 1), "unit_cpu_ms": round(self._unit_cpu_ms, 1),
-                "on_cpu": round(self._unit_cpu_ms / unit_ms, 4) if unit_ms else None}
+                "on_cpu": round(self._unit_cpu_ms / unit_ms, 4) if unit_ms else None,
+                "threads_started": self.num_threads_started}
 
-    def _run_units(self) -> None:
-        _name_os_thread(self._thread.name)
-        while not self._closed.is_set():
-            partition = self._partition
-            if partition is None or self._wanted.is_set():
-                self._granted_event.wait(timeout=0.1) if partition is None else time.sleep(IDLE_POLL_S / 5)
-                continue
-            if not self._run_co_run_unit(partition):
-                time.sleep(IDLE_POLL_S)
+    def _run_units(self, partition: tuple[int, int]) -> None:
+        """The grant's thread: on the partition from its start (it was made on decode's cores), polls included."""
+        _name_os_thread(self.NAME)
+        with self.controller.partitions.finetune_context(*partition):
+            while self._partition == partition:
+                if self._wanted.is_set():
+                    self._revoked.wait(IDLE_POLL_S / 5)
+                elif not self._run_co_run_unit(partition):
+                    self._revoked.wait(IDLE_POLL_S)
 
     def _run_co_run_unit(self, partition: tuple[int, int]) -> bool:
         """One unit on `partition` while it is still granted and not wanted back; True if one ran."""
@@ -444,11 +461,10 @@ class UnitThread:
             controller.job.poll()
             if not controller.job.has_ready_work():
                 return False
-            with controller.partitions.finetune_context(*partition):
-                started, started_cpu = time.perf_counter(), time.thread_time()
-                result = controller._run_unit(co_run=True)
-                self._unit_ms += (time.perf_counter() - started) * 1e3
-                self._unit_cpu_ms += (time.thread_time() - started_cpu) * 1e3
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            result = controller._run_unit(co_run=True)
+            self._unit_ms += (time.perf_counter() - started) * 1e3
+            self._unit_cpu_ms += (time.thread_time() - started_cpu) * 1e3
             if result is None:
                 return False
             with self._tokens_lock:
