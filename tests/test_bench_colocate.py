@@ -48,6 +48,8 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
         replay = json.loads(Path(run["replay_results"]).read_text())["policies"]["live"]["decode"]
         assert replay["num_steps"] == run["num_steps"], row
         assert run["steps_within_target"] == replay["step_slo_attainment"], row  # the row is its replay's
+        steps = json.loads(Path(run["step_records"]).read_text())  # the worker's records of the replay's steps
+        assert len(steps) == run["num_steps"] and all("infer_sms" in step for step in steps), row
     # One worker a row for the whole sweep: both scales' replays went to it (its log), each replay its own file.
     by_row = {row: [run for run in result["runs"] if run["row"] == row] for row in ROWS}
     for row, row_runs in by_row.items():

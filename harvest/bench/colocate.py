@@ -258,6 +258,9 @@ def _run_row(row: str, name: str, trace, worker: WorkerProcess, trainer: Trainer
     run_dir.mkdir(parents=True, exist_ok=True)
     replay_path = run_dir / f"replay-{name}.json"  # `harvest replay`'s results.json, for a closer look
     replay_path.write_text(json.dumps(results))
+    # The worker's step records over the replay: each step's split (infer_sms, ft_sms), its slice, its wait.
+    steps_path = run_dir / f"steps-{name}.json"
+    steps_path.write_text(json.dumps(replay.steps))
     replay_s = results["replay_s"]
     if trainer is not None:
         trainer.wait_logged_after(replay_start_wall_s + replay_s, args.start_timeout_s)
@@ -299,6 +302,7 @@ def _run_row(row: str, name: str, trace, worker: WorkerProcess, trainer: Trainer
         "notes": results["notes"],
         "log_dir": str(run_dir),
         "replay_results": str(replay_path),
+        "step_records": str(steps_path),
         "worker_log": str(worker.log_path),
     }
 

@@ -52,6 +52,8 @@ class LiveReplay:
             raise HarvestError(f"--drain-s must be > 0, got {drain_s}")
         self.drain_s = drain_s
         self.transport = transport
+        self.steps: list[dict] = []
+        """The worker's step records (GET /harvest/steps) over the last run, oldest first."""
 
     def run(self, trace: Trace, on_done: Callable[[int], None] | None = None) -> dict:
         return asyncio.run(self._run(trace, on_done))
@@ -61,6 +63,7 @@ class LiveReplay:
             before = await self._admin(client, "/harvest/stats")
             since = int(before.get("decode", {}).get("decode_steps", 0))
             steps: list[dict] = []
+            self.steps = steps
             stop = asyncio.Event()
             poller = asyncio.create_task(self._poll_steps(client, since, steps, stop))
             slots = asyncio.Semaphore(self.max_concurrency)
