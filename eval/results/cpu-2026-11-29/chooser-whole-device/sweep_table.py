@@ -1,4 +1,9 @@
-import json, sys, statistics
+"""The sweep's table: per window and repeat, each row's tok/s and steps in target, the default over max(temporal,
+pinned split), and the default's phases per split at that scale (its stats are the worker's life so far: the
+difference from the scale run before it). Usage: python sweep_table.py sweep.json"""
+import json
+import sys
+
 d = json.loads(open(sys.argv[1]).read())
 runs = d["runs"]
 cells = {}
