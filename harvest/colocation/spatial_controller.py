@@ -370,10 +370,9 @@ class UnitThread:
 
     def __init__(self, controller: SpatialController):
         self.controller = controller
-        self._partition: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
         self._revoked = threading.Event()
-        """Set by the revoke: wakes the thread from a wait between units."""
+        """Set by the revoke: no unit starts, and a wait between units ends."""
         self._tokens = self._unit_tokens = 0
         self._job_lock = threading.Lock()
         self._tokens_lock = threading.Lock()
@@ -384,7 +383,6 @@ class UnitThread:
 
     def grant(self, partition: tuple[int, int]) -> None:
         assert self._thread is None, "a grant follows the revoke of the one before"
-        self._partition = partition
         self._revoked.clear()
         self._thread = threading.Thread(target=self._run_units, args=(partition,), name=self.NAME, daemon=True)
         self._thread.start()
@@ -393,7 +391,6 @@ class UnitThread:
     def revoke(self) -> float:
         """No unit starts from now; the ms waited for the one in flight (and the thread's end)."""
         started = time.perf_counter()
-        self._partition = None
         self._revoked.set()
         thread, self._thread = self._thread, None
         if thread is not None:
@@ -446,17 +443,18 @@ class UnitThread:
         """The grant's thread: on the partition from its start (it was made on decode's cores), polls included."""
         _name_os_thread(self.NAME)
         with self.controller.partitions.finetune_context(*partition):
-            while self._partition == partition:
+            while not self._revoked.is_set():
                 if self._wanted.is_set():
                     self._revoked.wait(IDLE_POLL_S / 5)
-                elif not self._run_co_run_unit(partition):
+                elif not self._run_co_run_unit():
                     self._revoked.wait(IDLE_POLL_S)
 
-    def _run_co_run_unit(self, partition: tuple[int, int]) -> bool:
-        """One unit on `partition` while it is still granted and not wanted back; True if one ran."""
+    def _run_co_run_unit(self) -> bool:
+        """One unit on the granted partition (the thread is on it) while not revoked or wanted back; True if one
+        ran."""
         controller = self.controller
         with self._job_lock:
-            if self._partition != partition or self._wanted.is_set():
+            if self._revoked.is_set() or self._wanted.is_set():
                 return False
             controller.job.poll()
             if not controller.job.has_ready_work():
