@@ -6,11 +6,15 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LLAMAFACTORY_VERBOSITY", "WARN")
 
+import pytest
 import torch
 
 from harvest.finetune import bench
 
 
+# --compiled-run compiles every layer graph at nice 19 (compiled_layers.COMPILE_NICE): from a fresh clone's cold
+# inductor cache that is about two minutes of CPU, and beside the other test process it gets the CPU last.
+@pytest.mark.timeout(600)
 def test_bench_tiny_reports_both_engines_and_identical_losses():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
