@@ -298,6 +298,30 @@ def test_a_fresh_split_gives_the_device_back_before_its_line_is_fitted():
     assert controller.chooser.records[(66, 66)].num_misses == 0
 
 
+def test_long_or_missed_steps_on_a_held_partition_leave_the_whole_devices_slices_as_they_were():
+    """The slice backs off after a step that runs long (past 70 % of the target) or misses, since the slice after
+    it would stretch it further; a step on a partition the job holds across steps has no slice after it and its
+    length is the split's, so the whole device's next slice is as long as before. A temporal worker's long step
+    still halves it."""
+    clock = SimClock()
+    job = SimulatedJob(clock, UNIT_MS, 1000.0)
+    job.is_ready = True
+    controller = simulated_spatial(job, clock, None, lambda ft_sms: 100.0 * ft_sms)
+    controller.pinned = (66, 66)
+    controller.batch_cost.dispersion = 0.0  # as temporal()'s: only the fill bounds the slice below
+    for latency_ms in (35.0, 35.0, 45.0):  # long, long, missed: decode on the split's side
+        step = run_step(controller, clock, latency_ms, batch_size=1)
+        assert step.ft_sms == 66 and step.is_slo_met == (latency_ms <= TARGET_MS)
+    assert controller.num_units_in_slack == 0 and controller.fill_fraction == 1.0
+    controller.pinned = None  # the whole device: a slice after the step, at the whole fill
+    step = run_step(controller, clock, 10.0, batch_size=1)
+    assert step.ft_sms == 0 and step.finetune_tokens > 0
+    assert controller.fill_fraction == 1.0
+    temporal_controller, temporal_clock = temporal()
+    run_step(temporal_controller, temporal_clock, 35.0, batch_size=1)
+    assert temporal_controller.fill_fraction == 0.5
+
+
 def test_with_a_planner_or_a_bound_set_by_hand_co_run_units_keep_the_jobs_bound():
     """A planner's co-run step is followed by a slice (the partition taken back each step), and a bound set by
     hand (FinetuneConfig.max_unit_ms) holds for every unit: neither sizes co-run units to the preemption bound."""

@@ -248,7 +248,9 @@ class Controller:
             # A wait for the finetune partition's unit in flight, before decode took the device back, is
             # in the step's time but not decode's.
             self.planner.observe(decision, step.latency_ms - step.preempt_ms)
-        if step.latency_ms > BACKOFF_LATENCY_FRACTION * self.slo.tpot_slo_ms:
+        if step.latency_ms > BACKOFF_LATENCY_FRACTION * self.slo.tpot_slo_ms and self._is_slice_after_step():
+            # A long step on a partition the job holds across steps is its split's (the chooser's to judge): no
+            # slice follows it, and halving here would cut the slices of the whole device's next steps.
             self.fill_fraction /= 2
         else:
             self.fill_fraction = min(1.0, self.fill_fraction + FILL_RECOVERY_PER_STEP)
@@ -332,7 +334,7 @@ class Controller:
         step.finetune_ms = finetune_ms
         self.max_idle_wait_ms = max(self.max_idle_wait_ms, step.idle_wait_ms)
         step.is_slo_met = self.slo.record(step.latency_ms + finetune_ms + step.idle_wait_ms)
-        if not step.is_slo_met:
+        if not step.is_slo_met and self._is_slice_after_step():
             self.fill_fraction /= 2  # whatever overran (a unit, memory work, the wait), give decode room
 
     def charge_publish_ms(self, load_ms: float) -> None:
@@ -411,6 +413,10 @@ class Controller:
     def _end_co_run(self, step: DecodeStep) -> int:
         """The step's tokens are out: stop finetuning beside it; the tokens it trained meanwhile."""
         return 0
+
+    def _is_slice_after_step(self) -> bool:
+        """Whether a temporal slice may run after this step (not while a spatial job holds its partition)."""
+        return True
 
     def _is_job_beside_decode(self) -> bool:
         """The unit thread holds the job between steps (spatial: a finetune partition is granted): the scheduler

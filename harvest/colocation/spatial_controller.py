@@ -244,7 +244,7 @@ class SpatialController(Controller):
         at the bound: the job is the runner's until then); the slice's time holds the wait, the partition training
         meanwhile. With no planner, or one partition pinned, the partition stays with the job between steps."""
         if self._granted is not None:
-            if self._holds_partition_across_steps:
+            if not self._is_slice_after_step():
                 return False, 0.0
             room_ms = budget_ms - self.slice_reserve_ms - (self.clock() - started) * 1e3
             if 2 * self.job.max_unit_ms > room_ms:
@@ -254,6 +254,9 @@ class SpatialController(Controller):
             _, excess_ms = super()._run_slice(step, started, budget_ms)
             return True, excess_ms
         return super()._run_slice(step, started, budget_ms)
+
+    def _is_slice_after_step(self) -> bool:
+        return self._granted is None or not self._holds_partition_across_steps
 
     def _decision_co_ran(self) -> bool:
         return self._granted is not None
