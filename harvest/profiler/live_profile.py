@@ -27,7 +27,7 @@ from rich.progress import Progress
 from base.errors import HarvestError
 from harvest.models import EMBEDDED_MODEL_PLACEHOLDER, resolve_model_path
 from harvest.profiler import DecodeProfiler
-from harvest.worker.client import read_stats
+from harvest.worker.client import read_stats, wait_for_stats
 from predictor.config import DEFAULT_CONFIG
 from predictor.finetune_throughput import FinetuneThroughput
 from predictor.profile import Profile
@@ -135,8 +135,6 @@ def run_live_profile(config: LiveProfileConfig, console) -> dict:
     try:
         profiler = DecodeProfiler(worker.url, worker.admin_url, grid, config.repeats, can_pin=config.co_run)
         if config.co_run:
-            from harvest.worker.client import read_stats
-
             with console.status("waiting for the finetune job to build ..."):
                 _wait_for_job(worker.admin_url)
         # Shuffled passes spread drift over fit and held-out points alike; a visit during which other
@@ -263,15 +261,12 @@ def _co_run_flags(config: LiveProfileConfig, grid) -> list[str]:
 
 
 def _wait_for_job(admin_url: str, timeout_s: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = read_stats(admin_url)["finetune"]["state"]
-        if state in ("running", "waiting", "starved", "paused"):
-            return
-        if state in ("failed", "finished", "stopped"):
-            raise HarvestError(f"the finetune job {state} before co-run profiling: see the worker log")
-        time.sleep(1.0)
-    raise HarvestError(f"the finetune job was not built within {timeout_s:.0f} s")
+    ready = ("running", "waiting", "starved", "paused")
+    stats = wait_for_stats(admin_url, lambda s: s["finetune"]["state"] in (*ready, "finished", "stopped"),
+                           "the finetune job to be built", timeout_s)
+    state = stats["finetune"]["state"]
+    if state not in ready:
+        raise HarvestError(f"the finetune job {state} before co-run profiling: see the worker log")
 
 
 def co_run_rates_by_ft(co_run_stats: dict) -> dict[int, float]:

@@ -89,13 +89,14 @@ def read_stats(admin_url: str, timeout_s: float = 10.0) -> dict:
 
 
 def wait_for_stats(admin_url: str, predicate: Callable[[dict], bool], what: str, timeout_s: float = 300.0) -> dict:
-    """Poll /harvest/stats until `predicate` holds. Retried only while nothing answers (the worker is starting):
-    an error answer or a finetune job that failed meanwhile ends the wait at once."""
+    """Poll /harvest/stats until `predicate` holds. Retried only while nothing answers in time (the worker is
+    starting, or its admin thread waits for the interpreter lock while the job compiles): an error answer or a
+    finetune job that failed meanwhile ends the wait at once."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             stats = read_stats(admin_url)
-        except httpx.ConnectError:
+        except (httpx.ConnectError, httpx.TimeoutException):
             if time.monotonic() > deadline:
                 raise HarvestError(f"nothing answered at {admin_url} for {timeout_s:.0f} s while waiting for {what}")
             time.sleep(0.5)
