@@ -36,7 +36,9 @@ def test_profile_co_run_measures_one_step_records_every_core_partition_and_the_f
          "--finetune", str(job.relative_to(tmp_path)), "--finetune-steps", "1", "--max-batch-size", "6",
          "--max-seq-len", "64", "--seq-levels", "2", "--passes", "1", "--repeats", "3", "--held-out", "1",
          "--dtype", "float32", "--port", str(free_port()), "--admin-port", str(free_port())],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False,
+        # Just under the sglang mark's bound: from a cold inductor cache the job's compile at nice 19 alone takes
+        # minutes beside the other test process.
+        cwd=tmp_path, capture_output=True, text=True, timeout=1700, check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
