@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.bench.colocate import CORE_PROFILE, ROWS, _partition_rates
+from harvest.bench.colocate import CORE_PROFILE, ROWS, RUNS_LOG, _partition_rates
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
 
@@ -36,6 +36,10 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert set(result["table"]) == {"ci@1", "ci@2"}
+    # The runs as they ended, kept in the log folder for a sweep stopped midway: the same runs, in order.
+    kept = [json.loads(line) for line in (tmp_path / "logs" / RUNS_LOG).read_text().splitlines()]
+    fields = ("window", "repeat", "row", "replay_results", "num_steps", "finetune_tokens")
+    assert [[run[f] for f in fields] for run in kept] == [[run[f] for f in fields] for run in result["runs"]]
     assert all(set(table) == set(ROWS) for table in result["table"].values())
     # Scale 2 replays the same requests in half the time: the same count, each scale in its own replay.
     assert result["windows"]["ci@1"]["num_requests"] == result["windows"]["ci@2"]["num_requests"]

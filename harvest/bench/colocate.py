@@ -17,7 +17,8 @@ when a replay starts. A load sweep (several --rate-scale) replays a window at ea
 trainer) per row, started once for the sweep: a serving worker sees its load change, it is not restarted for
 it, and a fresh worker's start and warm-up for every scale cost more than the replays. Rows and scales
 alternate order between repeats (reversed on odd repeats: the job's age is not tied to one scale). Why the
-numbers are what they are: eval/README.md, "harvest against two processes".
+numbers are what they are: eval/README.md, "harvest against two processes". Each run is also appended to
+--log-dir's runs.jsonl as it ends, so a sweep stopped midway keeps what it measured.
 
 Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
 lists it.
@@ -49,6 +50,7 @@ from harvest.worker.client import read_stats
 from harvest.worker.process import WorkerProcess, free_ports
 
 DEMO_JOB = Path(__file__).resolve().parents[1] / "finetune" / "demo" / "demo.yaml"
+RUNS_LOG = "runs.jsonl"  # in --log-dir: the runs so far, one JSON line each (the result's "runs")
 CORE_PROFILE = Path(__file__).resolve().parents[2] / "predictor" / "profiles" / "cpu-cores-smollm2-135m.json"
 HARVEST_MODES = {
     # co-location mode: the `harvest serve` flags that select it, from the bench's flags (a new mode is one line)
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> dict:
     load_start = os.getloadavg()[0]
     started = time.perf_counter()
     runs = []
+    (log_dir / RUNS_LOG).unlink(missing_ok=True)  # this bench's runs only
     # SIGTERM unwinds like Ctrl-C, so the `finally` clauses stop every worker and trainer.
     previous_handler = signal.signal(signal.SIGTERM, _interrupt)
     worker, worker_key = None, None
@@ -135,6 +138,9 @@ def run(args: argparse.Namespace) -> dict:
                             print(f"bench colocate: {name} repeat {repeat}: {ROWS[row]}", file=sys.stderr)
                             runs.append({"window": name, "repeat": repeat, "row": row,
                                          **_run_row(row, name, traces[name], worker, trainer, run_dir, args)})
+                            # each run as it ends: a sweep stopped midway (host, Ctrl-C) keeps what it measured
+                            with (log_dir / RUNS_LOG).open("a") as f:
+                                f.write(json.dumps(runs[-1]) + "\n")
     finally:
         if worker is not None:
             worker.stop()
