@@ -45,6 +45,7 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
     assert result["windows"]["ci@1"]["num_requests"] == result["windows"]["ci@2"]["num_requests"]
     for run in result["runs"]:
         row = (run["window"], run["row"])
+        assert run["host"]["ping_pong_us"] > 0 and all(ms > 0 for ms in run["host"]["decode_loop_ms"].values()), row
         assert run["num_requests"] == result["windows"][run["window"]]["num_requests"], row
         assert run["num_unfinished_requests"] == 0, (row, run["notes"])
         assert run["num_steps"] > 0, row

@@ -18,7 +18,8 @@ trainer) per row, started once for the sweep: a serving worker sees its load cha
 it, and a fresh worker's start and warm-up for every scale cost more than the replays. Rows and scales
 alternate order between repeats (reversed on odd repeats: the job's age is not tied to one scale). Why the
 numbers are what they are: eval/README.md, "harvest against two processes". Each run is also appended to
---log-dir's runs.jsonl as it ends, so a sweep stopped midway keeps what it measured.
+--log-dir's runs.jsonl as it ends, so a sweep stopped midway keeps what it measured, and carries the host's
+cost of crossing cores probed before its row's worker started (host_probe.py): rows compare where it held still.
 
 Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
 lists it.
@@ -44,6 +45,7 @@ from rich.table import Table
 from base.errors import HarvestError
 from harvest.bench import device_name
 from harvest.bench.flags import add_replay_arguments, add_worker_arguments
+from harvest.bench.host_probe import probe_host
 from harvest.bench.trainer_process import TrainerProcess, cpu_halves
 from harvest.models import resolve_model_path
 from harvest.worker.client import read_stats
@@ -130,13 +132,14 @@ def run(args: argparse.Namespace) -> dict:
                     if (flags, cpus) != worker_key or "--finetune" in flags:
                         if worker is not None:
                             worker.stop()
+                        host = probe_host()  # before the row's worker starts: the host alone
                         worker, worker_key = bench_worker(flags, run_dir, cpus), (flags, cpus)
                         worker.start(args.start_timeout_s)
                     with _row_trainer(row, job, worker, run_dir, args) as trainer:
                         for scale in scales[::order]:
                             name = _window_name(base, scale, scales)
                             print(f"bench colocate: {name} repeat {repeat}: {ROWS[row]}", file=sys.stderr)
-                            runs.append({"window": name, "repeat": repeat, "row": row,
+                            runs.append({"window": name, "repeat": repeat, "row": row, "host": host,
                                          **_run_row(row, name, traces[name], worker, trainer, run_dir, args)})
                             # each run as it ends: a sweep stopped midway (host, Ctrl-C) keeps what it measured
                             with (log_dir / RUNS_LOG).open("a") as f:
