@@ -27,16 +27,17 @@ def probe_host() -> dict:
         loop_ms = {n: _decode_loop_ms(n) for n in sorted({1, min(2, len(cores))})}
     finally:
         torch.set_num_threads(before_threads)
-    return {"ping_pong_us": _ping_pong_us(cores[0], cores[1]) if len(cores) > 1 else None,
+    return {"ping_pong_us": ping_pong_us(cores[0], cores[1]) if len(cores) > 1 else None,
             "decode_loop_ms": loop_ms}
 
 
-def _ping_pong_us(here: int, there: int) -> float:
+def ping_pong_us(here: int, there: int, num: int = PING_PONGS) -> float:
+    """The median us for a thread on core `here` to wake one on core `there` and be woken back."""
     ping, pong = threading.Event(), threading.Event()
 
     def echo() -> None:
         os.sched_setaffinity(threading.get_native_id(), [there])
-        for _ in range(PING_PONGS):
+        for _ in range(num):
             ping.wait()
             ping.clear()
             pong.set()
@@ -48,7 +49,7 @@ def _ping_pong_us(here: int, there: int) -> float:
     try:
         thread = threading.Thread(target=echo, name="harvest-host-probe", daemon=True)
         thread.start()
-        for _ in range(PING_PONGS):
+        for _ in range(num):
             started = time.perf_counter()
             ping.set()
             pong.wait()
