@@ -19,7 +19,7 @@ it, and a fresh worker's start and warm-up for every scale cost more than the re
 alternate order between repeats (reversed on odd repeats: the job's age is not tied to one scale). Why the
 numbers are what they are: eval/README.md, "harvest against two processes". Each run is also appended to
 --log-dir's runs.jsonl as it ends, so a sweep stopped midway keeps what it measured, and carries the host's
-cost of crossing cores probed before its row's worker started (host_probe.py): rows compare where it held still.
+cost of crossing cores probed as its row began (host_probe.py): rows compare where it held still.
 
 Deferred imports: each bench imports its machinery (torch, SGLang, the replay) when it runs, not when `harvest bench`
 lists it.
@@ -129,10 +129,13 @@ def run(args: argparse.Namespace) -> dict:
                     flags, cpus = _worker_config(row, job, model_path, run_dir, args)
                     # Adjacent rows on the same worker without a job share it (decode alone and two processes,
                     # defaults): a worker with a job is never reused across rows, its job would carry over.
-                    if (flags, cpus) != worker_key or "--finetune" in flags:
-                        if worker is not None:
-                            worker.stop()
-                        host = probe_host()  # before the row's worker starts: the host alone
+                    is_new_worker = (flags, cpus) != worker_key or "--finetune" in flags
+                    if is_new_worker and worker is not None:
+                        worker.stop()
+                    # Before the row's worker starts (or while the one kept from the row before idles) and before
+                    # its trainer: the host as the row meets it.
+                    host = probe_host()
+                    if is_new_worker:
                         worker, worker_key = bench_worker(flags, run_dir, cpus), (flags, cpus)
                         worker.start(args.start_timeout_s)
                     with _row_trainer(row, job, worker, run_dir, args) as trainer:
