@@ -1,8 +1,8 @@
-"""What the host charges for work that crosses cores, probed while no worker runs, so a bench row can be read
-against the host it ran on. On a shared VM this drifts within the hour, and it is what an in-process co-location
-pays for and a two-process split does not: every interpreter-lock hand-off between the scheduler thread and the
-unit thread is a wake-up on the other core, and decode on the whole device waits at an OpenMP barrier per op
-(eval/results/cpu-2026-11-29/slow-host/). Work on one core barely moves with it.
+"""What the host charges for work that crosses cores, and for work on one, probed as a bench row begins (no worker
+busy), so the row can be read against the host it ran on. On a shared VM both drift within the hour
+(eval/results/cpu-2026-11-29/slow-host/), and the first is what an in-process co-location pays for and a
+two-process split does not: an interpreter-lock hand-off between the scheduler thread and the unit thread on
+the other core is such a wake-up, and decode on the whole device meets an OpenMP barrier per op.
 
 Deferred imports: torch when probed (`harvest bench` lists its benches without it).
 """
