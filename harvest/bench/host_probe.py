@@ -12,6 +12,8 @@ import statistics
 import threading
 import time
 
+from harvest.colocation.core_partitions import on_cores
+
 PING_PONGS = 500
 LOOPS = 30
 
@@ -42,11 +44,8 @@ def ping_pong_us(here: int, there: int, num: int = PING_PONGS) -> float:
             ping.clear()
             pong.set()
 
-    tid = threading.get_native_id()
-    before = os.sched_getaffinity(tid)
-    os.sched_setaffinity(tid, [here])
     times = []
-    try:
+    with on_cores([here]):
         thread = threading.Thread(target=echo, name="harvest-host-probe", daemon=True)
         thread.start()
         for _ in range(num):
@@ -56,8 +55,6 @@ def ping_pong_us(here: int, there: int, num: int = PING_PONGS) -> float:
             pong.clear()
             times.append((time.perf_counter() - started) * 1e6)
         thread.join()
-    finally:
-        os.sched_setaffinity(tid, before)
     return round(statistics.median(times), 1)
 
 

@@ -90,8 +90,8 @@ def read_stats(admin_url: str, timeout_s: float = 10.0) -> dict:
 
 def wait_for_stats(admin_url: str, predicate: Callable[[dict], bool], what: str, timeout_s: float = 300.0) -> dict:
     """Poll /harvest/stats until `predicate` holds. Retried only while nothing answers in time (the worker is
-    starting, or slow to answer while it builds its job): an error answer or a
-    finetune job that failed meanwhile ends the wait at once."""
+    starting, or slow to answer while it builds its job): an error answer or a finetune job that failed meanwhile
+    ends the wait at once."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
