@@ -59,8 +59,11 @@ class CompiledLayers:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_GRAPHS)
         self.thread_counts = tuple(sorted(set(thread_counts)))
         # fullgraph: a graph break fails the warm-up (the job then runs eagerly, unit_warmup) rather than leave
-        # frames of the layer to be traced on whichever thread first runs them.
-        self._compile = torch.compile(_call_layer, dynamic=True, fullgraph=True)
+        # frames of the layer to be traced on whichever thread first runs them. cpp_wrapper: a graph runs as one
+        # C++ call that releases the interpreter lock, where inductor's Python wrapper calls each fused kernel
+        # with the lock held, keeping a decode thread of the process off its core meanwhile (eval/README.md,
+        # "Compiled layer units").
+        self._compile = torch.compile(_call_layer, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
         self._compiling_thread: int | None = None
         self.num_calls = 0
         self.num_eager_calls = 0
