@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import re
 import time
 from collections import defaultdict
@@ -167,9 +168,9 @@ class HarvestRuntime:
         elif self.config.pinned_partition is None:
             partitions.prepare(splits_to_choose(partitions))
 
-    def start(self, serve_admin: bool, device_index: int = 0) -> None:
+    def start(self, serve_admin: bool, device_index: int = 0, max_running_requests: float = math.inf) -> None:
         """The scheduler is built: build the controller, start the finetune job's construction and the admin API.
-        device_index: the worker's CUDA device (SGLang's gpu_id)."""
+        device_index: the worker's CUDA device (SGLang's gpu_id); max_running_requests: its cap on the batch."""
         if self.config.finetune is not None:
             partitions = self.spatial_partitions(device_index)
             if partitions is not None:
@@ -177,7 +178,8 @@ class HarvestRuntime:
             planner = _planner(self.config, self.profile,
                                None if partitions is None else self.planner_pairs(partitions))
             self.controller = _build_controller(self.config, self.profile, planner, partitions, self.lender,
-                                                JobSet(fair_share_quantum_ms=self.config.job_quantum_s * 1e3))
+                                                JobSet(fair_share_quantum_ms=self.config.job_quantum_s * 1e3),
+                                                max_running_requests)
             self.jobs = self._worker_jobs(_job_config(self.config, planner, device_index, partitions))
             initial = _initial_job(self.config.finetune)
             self._fleet_job = None if self.config.fleet is None else initial["name"]
@@ -409,27 +411,29 @@ def _job_config(config: ServeConfig, planner, device_index: int, partitions):
     return dataclasses.replace(finetune_config, max_unit_ms=_max_unit_ms(config, planner))
 
 
-def _build_controller(config: ServeConfig, profile, planner, partitions, lender, job):
+def _build_controller(config: ServeConfig, profile, planner, partitions, lender, job,
+                      max_running_requests: float = math.inf):
     """Without a profile nothing is predicted: temporal, each step's finetune budget the target minus its own
     measured time, or (spatial) the split each phase runs chosen by what each split trained live
-    (SplitChooser). `job`: the job set."""
+    (SplitChooser). `job`: the job set; `max_running_requests`: the scheduler's cap on the batch."""
     slo = SloTracker(config.tpot_slo_ms, config.stats_window_steps)
     size_co_run_units = config.finetune.max_unit_ms is None  # a bound set by hand holds for every unit
     if planner is None and partitions is None:
         return TemporalController(job, None, slo, "none (no --profile): each step's finetune budget is the target "
-                                  "minus its measured time", lender)
+                                  "minus its measured time", lender, max_running_requests=max_running_requests)
     if partitions is not None and planner is None and config.pinned_partition is None:
         chooser = SplitChooser(splits_to_choose(partitions))
         splits = ", ".join(f"({i}, {f})" for i, f in chooser.splits[1:])
         return SpatialController(job, None, slo, partitions, "none (no --profile): the split chosen by what each "
                                  f"trains live, phase by phase: the whole device and its slice, or {splits}", lender,
-                                 chooser=chooser, size_co_run_units=size_co_run_units)
+                                 chooser=chooser, size_co_run_units=size_co_run_units,
+                                 max_running_requests=max_running_requests)
     source = ("none: --pin-partition" if profile is None
               else f"profile {config.profile_path} ({profile.device_name}), online correction on")
     if partitions is not None:
         return SpatialController(job, planner, slo, partitions, source, lender, config.pinned_partition,
-                                 size_co_run_units=size_co_run_units)
-    return TemporalController(job, planner, slo, source, lender)
+                                 size_co_run_units=size_co_run_units, max_running_requests=max_running_requests)
+    return TemporalController(job, planner, slo, source, lender, max_running_requests=max_running_requests)
 
 
 def splits_to_choose(partitions) -> list[tuple[int, int]]:

@@ -27,12 +27,12 @@ TARGET_MS = 40.0
 UNIT_MS = 5.0
 
 
-def temporal(planner=None):
+def temporal(planner=None, max_running_requests=math.inf):
     clock = SimClock()
     job = SimulatedJob(clock, UNIT_MS, 1000.0)
     job.is_ready = True
     controller = TemporalController(job, planner, SloTracker(TARGET_MS, 100), "test", clock=clock,
-                                    loop_overhead_ms=0.0)
+                                    loop_overhead_ms=0.0, max_running_requests=max_running_requests)
     # Batches that do not spread (one client in a closed loop): the slice's bounds other than the batch's
     # spread, which test_the_slice_leaves_room_for_the_batch_to_spread covers.
     controller.batch_cost.dispersion = 0.0
@@ -493,6 +493,24 @@ def test_the_slice_keeps_the_batch_it_grows_within_what_decode_alone_serves(slop
     assert step.finetune_ms == pytest.approx(UNIT_MS * (max(0.0, budget) // UNIT_MS))
     cut = controller.stats()["slices_cut_for_growth"] - cut_before
     assert cut == (0 if budget == TARGET_MS - 20.0 else 1)
+
+
+@pytest.mark.parametrize("max_running, is_cut", [(3, False), (4, True), (math.inf, True)])
+def test_a_slice_is_not_cut_for_a_growth_past_the_schedulers_cap_on_the_batch(max_running, is_cut):
+    """Decode alone at 6 ms a request (overrun quantile 2) serves 3.3 requests in the 40 ms target, so a step of
+    18 ms at batch 2 may stretch to 30 ms, unless the scheduler runs at most 3 requests: then no batch a slice
+    leads to is one decode alone misses the target at (the requests past the cap wait for admission)."""
+    controller, clock = temporal(max_running_requests=max_running)
+    controller.on_idle()
+    controller.on_idle()
+    run_step(controller, clock, 1.0)
+    cost = controller.batch_cost
+    cost.slope_ms, cost.intercept_ms, cost._overrun_quantile = 6.0, 0.0, 2.0
+    cut_before = controller.stats()["slices_cut_for_growth"]
+    step = run_step(controller, clock, 18.0, batch_size=2)
+    budget = (18.0 * (20.0 / 6.0) / 2 if is_cut else TARGET_MS) - 18.0
+    assert step.finetune_ms == pytest.approx(UNIT_MS * (budget // UNIT_MS))
+    assert controller.stats()["slices_cut_for_growth"] - cut_before == int(is_cut)
 
 
 @pytest.mark.parametrize(("label", "low", "high"), [("closed loop", 0.0, 0.01), ("independent", 0.8, 1.2),

@@ -228,7 +228,10 @@ def bench_job(job_path: str | None, model_path: str, log_dir: Path) -> dict:
 def _worker_config(row: str, job: dict, model_path: str, run_dir: Path,
                    args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
     """(`harvest serve` flags, the cores it is pinned to or None) of the row's decode worker."""
-    flags = ["--model-path", model_path, "--max-total-tokens", str(args.max_total_tokens), "--dtype", args.dtype]
+    # Every row's scheduler runs at most the requests the replay keeps in flight, and knows it (a slice's
+    # growth limit reads the cap): a decode worker is deployed with its max_running_requests set.
+    flags = ["--model-path", model_path, "--max-total-tokens", str(args.max_total_tokens), "--dtype", args.dtype,
+             "--max-running-requests", str(args.concurrency)]
     if row.startswith("harvest-"):
         job_path = run_dir / "job.yaml"
         run_dir.mkdir(parents=True, exist_ok=True)

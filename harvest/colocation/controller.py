@@ -81,8 +81,11 @@ class BatchCost:
     decode had no fixed cost: the most a request can add where cost grows with batch, as on CPUs) and the
     quantile is 1 / BACKOFF_LATENCY_FRACTION. eval/README.md ("Temporal slice") has why."""
 
-    def __init__(self, decay: float = BATCH_COST_DECAY):
+    def __init__(self, decay: float = BATCH_COST_DECAY, max_running: float = math.inf):
+        """`max_running`: the most requests the scheduler decodes at once (SGLang's max_running_requests): the
+        batch grows no further, and a request past it waits for admission, which costs its TTFT, not its TPOT."""
         self.decay = decay
+        self.max_running = max_running
         self._w = self._b = self._bb = self._y = self._by = 0.0
         self.slope_ms: float | None = None
         self.intercept_ms = 0.0
@@ -149,8 +152,8 @@ class BatchCost:
     def stretch_limit_ms(self, batch_size: int, latency_ms: float, target_ms: float) -> float:
         """The longest a step of `latency_ms` at `batch_size` may take, slice included (0: no slice)."""
         max_batch = self.max_batch(target_ms, latency_ms / batch_size)
-        if math.isinf(max_batch):
-            return math.inf  # decode alone does not grow with the batch: growth costs nothing
+        if max_batch >= self.max_running:
+            return math.inf  # the largest batch the scheduler runs is one decode alone serves: growth costs nothing
         root = math.sqrt(max_batch) - BATCH_SPREAD_Z * math.sqrt(self.dispersion) / 2 if max_batch > 0 else 0.0
         max_mean_batch = root * root if root > 0 else 0.0
         if max_mean_batch < batch_size + 1:
@@ -162,11 +165,12 @@ class Controller:
     mode = ""
 
     def __init__(self, job, planner, slo: SloTracker, planner_source: str, lender=None, clock=time.perf_counter,
-                 loop_overhead_ms: float = LOOP_OVERHEAD_MS):
+                 loop_overhead_ms: float = LOOP_OVERHEAD_MS, max_running_requests: float = math.inf):
         """`planner`: a SplitPlanner, or None (no profile: each step's slice is the target minus its measured
         time). `lender`: the KvLender whose chunks hold the job's weight window (None: no KV lending).
         `clock`: seconds; the simulator passes its own. `loop_overhead_ms`: the scheduler's own time between
-        a step's result and the next launch, kept out of the slice (the simulator has none)."""
+        a step's result and the next launch, kept out of the slice (the simulator has none).
+        `max_running_requests`: the scheduler's cap on the batch (BatchCost.max_running)."""
         self.loop_overhead_ms = loop_overhead_ms
         self.job = job
         self.planner = planner
@@ -179,7 +183,7 @@ class Controller:
         self._idle_unit_ms = 0.0
         self._publish_ms = 0.0
         self.fill_fraction = 1.0
-        self.batch_cost = BatchCost()
+        self.batch_cost = BatchCost(max_running=max_running_requests)
         self.num_slices_cut_for_growth = 0
         self.num_units_in_slack = 0
         self.num_units_idle = 0

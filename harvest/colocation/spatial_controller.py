@@ -29,6 +29,7 @@ what the co-run model (stage 2) predicts and the online correction and margin le
 
 import contextlib
 import ctypes
+import math
 import threading
 import time
 from collections import deque
@@ -78,15 +79,17 @@ class SpatialController(Controller):
 
     def __init__(self, job, planner, slo, partitions, planner_source: str, lender=None,
                  pinned: tuple[int, int] | None = None, chooser=None, runner=None, clock=time.perf_counter,
-                 loop_overhead_ms: float = LOOP_OVERHEAD_MS, size_co_run_units: bool = True):
+                 loop_overhead_ms: float = LOOP_OVERHEAD_MS, size_co_run_units: bool = True,
+                 max_running_requests: float = math.inf):
         """`partitions`: GreenPartitions or CorePartitions (the simulator's: SimulatedPartitions). `pinned`: run
         every step on this (infer, ft) partition instead of the planner's choice (profiling and benchmarks;
         `harvest serve --pin-partition`). `chooser`: a SplitChooser, which picks the split phase by phase where
         there is no planner. `runner`: what runs units on a granted partition (None: a UnitThread, the worker's;
         the simulator passes its simulated device's). `size_co_run_units`: size the units of a partition held
         across steps to the preemption bound (co_run_bound_ms); False: the job's own bound throughout (a
-        bound set by hand, FinetuneConfig.max_unit_ms)."""
-        super().__init__(job, planner, slo, planner_source, lender, clock=clock, loop_overhead_ms=loop_overhead_ms)
+        bound set by hand, FinetuneConfig.max_unit_ms). `max_running_requests`: as Controller's."""
+        super().__init__(job, planner, slo, planner_source, lender, clock=clock, loop_overhead_ms=loop_overhead_ms,
+                         max_running_requests=max_running_requests)
         self.partitions = partitions
         self.pinned = pinned
         self.chooser = chooser

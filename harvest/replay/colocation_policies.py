@@ -167,10 +167,11 @@ class HarvestPolicy(ColocationPolicy):
             self.planner.expect_switch(self.unit_ms)
             runner = SimulatedUnitRunner(self.job, self.clock, rates.colo, self.unit_ms)
             self.controller = SpatialController(self.job, self.planner, slo, SimulatedPartitions(self.full_sms),
-                                                source, runner=runner, clock=self.clock, loop_overhead_ms=0.0)
+                                                source, runner=runner, clock=self.clock, loop_overhead_ms=0.0,
+                                                max_running_requests=config.max_running_requests)
         else:
             self.controller = TemporalController(self.job, self.planner, slo, source, clock=self.clock,
-                                                 loop_overhead_ms=0.0)
+                                                 loop_overhead_ms=0.0, max_running_requests=config.max_running_requests)
 
     def step(self, t_s, batch_size, num_kv_tokens, kv_reserved_tokens):
         ft_bytes, window = self.lent_window(kv_reserved_tokens)

@@ -171,7 +171,7 @@ def install_hooks(runtime: HarvestRuntime, serve_admin: bool) -> None:
             from harvest.sglang.served_weights import served_weights
 
             runtime.served_weights = served_weights(scheduler.tp_worker.model_runner)
-        runtime.start(serve_admin, scheduler.gpu_id)
+        runtime.start(serve_admin, scheduler.gpu_id, scheduler.max_running_requests)
         return result
 
     def step_streams(scheduler) -> StepStreams:
