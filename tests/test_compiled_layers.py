@@ -67,6 +67,20 @@ def test_compiled_steps_equal_eager_ones_within_rounding_and_trace_nothing_after
     assert stats["warmup_unit_ms"]["compile"] > 0
 
 
+def test_graphs_take_a_layers_floats_as_constants_so_no_guard_builds_a_tensor_at_a_call(compiled):
+    """Under dynamic=True dynamo makes a module's float attributes (norm epsilon, LoRA scaling) graph inputs,
+    each checked at every call by a Python guard that builds a tensor (`___as_tensor(...).item()`): held
+    interpreter time, beside SGLang's scheduler thread, on every unit."""
+    from harvest.finetune import compiled_layers
+
+    # Dynamo's own view of the graphs cached for the compiled function's code (no public API lists them).
+    entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(compiled_layers._call_layer.__code__)
+    assert entries
+    guards = [str(entry.guard_manager) for entry in entries]
+    assert all("TENSOR_MATCH" in text for text in guards)  # the listing is the guards' (it names the tensors')
+    assert not any("___as_tensor" in text for text in guards)
+
+
 def test_a_thread_count_without_graphs_runs_its_units_eagerly_and_counts_them(compiled):
     layers = compiled.units.compiled
     calls, eager_calls = layers.num_calls, layers.num_eager_calls

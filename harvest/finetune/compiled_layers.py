@@ -84,8 +84,11 @@ class CompiledLayers:
             try:
                 for count in self.thread_counts:
                     torch.set_num_threads(count)
-                    # Compiled in this thread: no pool of compile processes beside the worker.
-                    with torch._inductor.config.patch(compile_threads=1):
+                    # Compiled in this thread: no pool of compile processes beside the worker. Floats (the
+                    # norms' epsilon, LoRA's scaling) as constants: under dynamic=True dynamo otherwise makes them
+                    # graph inputs, checked at every call by Python guards that build a tensor each.
+                    with torch._inductor.config.patch(compile_threads=1), \
+                            torch._dynamo.config.patch(specialize_float=True):
                         run_units()
             except BaseException as e:  # noqa: BLE001 - raised again in the building thread
                 failure.append(e)
