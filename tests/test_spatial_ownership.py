@@ -5,13 +5,14 @@ request served at a later unit boundary, reclaiming KV for decode and taking the
 unit in flight (a preemption), and no unit starts after either."""
 
 import os
+import sys
 import threading
 
 import pytest
 from conftest import AlwaysReadyJob
 
 from harvest.colocation.core_partitions import CorePartitions
-from harvest.colocation.spatial_controller import SpatialController
+from harvest.colocation.spatial_controller import SWITCH_INTERVAL_S, SpatialController
 from harvest.replay.simulated_job import SimulatedUnit
 from harvest.step_stats import DecodeStep, SloTracker
 
@@ -234,3 +235,19 @@ def test_the_unit_thread_lives_from_a_grant_to_its_revoke_so_no_openmp_team_of_i
     assert controller.stats()["runner"]["threads_started"] == 2
     # Made by the scheduler thread on decode's cores, the thread runs on the job's from its start, polls too.
     assert job.polled_on and all(cores == {CORES[1]} for cores in job.polled_on), job.polled_on
+
+
+def test_a_unit_thread_beside_the_scheduler_thread_shortens_the_interpreters_switch_interval():
+    """The two threads share one interpreter lock: with Python's default interval a thread coming back from a torch
+    op or a compiled graph may wait 5 ms for the other to drop it. The simulator's runner shares nothing."""
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        partitions = CorePartitions([(1, 1), (2, 0)], CORES[:2])
+        SpatialController(AlwaysReadyJob(), None, SloTracker(1000.0, 100), partitions, "test", pinned=(1, 1),
+                          runner=object())
+        assert sys.getswitchinterval() == 0.005
+        SpatialController(AlwaysReadyJob(), None, SloTracker(1000.0, 100), partitions, "test", pinned=(1, 1))
+        assert sys.getswitchinterval() == SWITCH_INTERVAL_S
+    finally:
+        sys.setswitchinterval(before)

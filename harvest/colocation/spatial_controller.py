@@ -30,6 +30,7 @@ what the co-run model (stage 2) predicts and the online correction and margin le
 import contextlib
 import ctypes
 import math
+import sys
 import threading
 import time
 from collections import deque
@@ -59,6 +60,10 @@ IDLE_POLL_S = 0.005
 """How often the unit thread looks again at a job with no ready work while it holds a grant."""
 PR_SET_NAME = 15
 """prctl(2): set the calling thread's name (15 bytes)."""
+SWITCH_INTERVAL_S = 0.0005
+"""The interpreter's switch interval while a unit thread shares it with the scheduler thread: a thread that wants
+the interpreter lock back (after a torch op or a compiled graph released it) waits up to this long for the other
+to drop it between bytecodes. Python's default of 5 ms is a stall per unit boundary, op or scheduler turn."""
 
 
 @dataclass(slots=True)
@@ -376,6 +381,7 @@ class UnitThread:
 
     def __init__(self, controller: SpatialController):
         self.controller = controller
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._thread: threading.Thread | None = None
         self._revoked = threading.Event()
         """Set by the revoke: no unit starts, and a wait between units ends."""
