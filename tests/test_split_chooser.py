@@ -200,12 +200,16 @@ def chosen_controller(chooser, job):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
 def test_a_spatial_controller_without_planner_or_pin_runs_the_chosen_split_and_records_it_per_step():
-    chooser = SplitChooser([PAIR], phase_s=0.05)
+    # Phases counted on a clock that moves 4 ms a step, not on the host's: a slow or busy host would end the
+    # whole device's warm-up by its cap on time (MAX_WARMUP_PHASES) before its line is learned.
+    clock = Clock()
+    chooser = SplitChooser([PAIR], clock, phase_s=0.05)
     job = Job()
     controller = chosen_controller(chooser, job)
     records = []
     try:
         for n in range(240):
+            clock.now += 0.004
             job.is_ready = n >= 20  # the first steps: the job's engine is still being built
             # Batches of 1 to 3: the whole device's decode cost line is fitted within its warm-up.
             step = DecodeStep(n, 1 + n % 3, 10, time.perf_counter())
