@@ -61,10 +61,11 @@ IDLE_POLL_S = 0.005
 PR_SET_NAME = 15
 """prctl(2): set the calling thread's name (15 bytes)."""
 SWITCH_INTERVAL_S = 0.0005
-"""The interpreter's switch interval while a unit thread shares it with the scheduler thread: a thread that wants
-the interpreter lock back (after a torch op or a compiled graph released it) waits up to this long for the other
-to drop it between bytecodes; at Python's default of 5 ms each such wait may last that long, and every torch op
-of decode's step is such a return (eval/results/cpu-2026-11-29/shared-interpreter/)."""
+"""The interpreter's switch interval in a worker whose job runs on a unit thread beside the scheduler thread (set
+when the UnitThread is made, for the process's life, granted or not): a thread that wants the interpreter lock back
+(after a torch op or a compiled graph released it) waits up to this long for the other to drop it between
+bytecodes; at Python's default of 5 ms each such wait may last that long, and every torch op of decode's step is
+such a return (eval/results/cpu-2026-11-29/shared-interpreter/)."""
 
 
 @dataclass(slots=True)
