@@ -168,7 +168,7 @@ class HarvestRuntime:
         elif self.config.pinned_partition is None:
             partitions.prepare(splits_to_choose(partitions))
 
-    def start(self, serve_admin: bool, device_index: int = 0, max_running_requests: float = math.inf) -> None:
+    def start(self, serve_admin: bool, device_index: int, max_running_requests: float) -> None:
         """The scheduler is built: build the controller, start the finetune job's construction and the admin API.
         device_index: the worker's CUDA device (SGLang's gpu_id); max_running_requests: its cap on the batch."""
         if self.config.finetune is not None:
