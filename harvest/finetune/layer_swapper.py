@@ -166,8 +166,10 @@ class LayerSwapper:
         for layer_id in sorted(self._ready_events.keys() - set(target_layer_ids)):
             self.evict(layer_id)
         for index, layer_id in enumerate(target_layer_ids):
-            needed_later = [i for i in target_layer_ids[index + 1:] if i in self._ready_events]
+            needed_later = None  # listed only when the memory is full: most units fetch nothing
             while not self.fetch(layer_id):
+                if needed_later is None:
+                    needed_later = [i for i in target_layer_ids[index + 1:] if i in self._ready_events]
                 if not needed_later:
                     return
                 self.evict(needed_later.pop())

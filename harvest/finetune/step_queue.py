@@ -9,6 +9,7 @@ a time bound and the optimizer allows it, a grad_norm unit and the update's part
 """
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,8 +95,9 @@ class StepQueue:
         num_rows, seq_len = self.slices[unit.slice_id].inputs["input_ids"].shape
         return num_rows * (seq_len if unit.span is None else unit.span[1] - unit.span[0])
 
-    def upcoming_layer_ids(self) -> list[int]:
-        return [unit.layer_id for unit in self._units if unit.layer_id is not None]
+    def upcoming_layer_ids(self) -> Iterator[int]:
+        """The layers the units left in the step touch, in order: read lazily, the window needs only its first few."""
+        return (unit.layer_id for unit in self._units if unit.layer_id is not None)
 
     def end_update_step(self) -> None:
         self.update_step += 1

@@ -4,6 +4,7 @@ Torch-free. Units touch layers in the order F0..F(L-1), B(L-1)..B0 per row slice
 exactly, keeping the W soonest-needed layers is Belady's optimal replacement for a window of W.
 """
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -29,8 +30,10 @@ class WindowPolicy:
         if not 1 <= num_window_layers <= self.num_layers:
             raise ValueError(f"num_window_layers must be in [1, {self.num_layers}], got {num_window_layers}")
         target: list[int] = []
-        for layer_id in [*upcoming_layer_ids, *self.pass_order()]:
-            if layer_id not in target:
+        seen: set[int] = set()
+        for layer_id in itertools.chain(upcoming_layer_ids, self.pass_order()):
+            if layer_id not in seen:
+                seen.add(layer_id)
                 target.append(layer_id)
                 if len(target) == num_window_layers:
                     break
