@@ -248,14 +248,14 @@ def chosen_split_controller():
     return controller
 
 
-def run_chosen_split_step(controller, n: int, batch: int) -> bool:
-    """One step whose decode takes 10 + 5 x batch ms on the split's side, half that on the whole device:
-    whether it ran on the split."""
+def run_chosen_split_step(controller, n: int, batch: int, stall: float = 1.0) -> bool:
+    """One step whose decode takes 10 + 5 x batch ms on the split's side (times `stall`), half that on the whole
+    device: whether it ran on the split."""
     clock = controller.clock
     step = DecodeStep(n, batch, batch * 500, clock())
     controller.before_step(step)
     on_split = step.infer_sms == 66
-    decode_ms = (10.0 + 5.0 * batch) / (1 if on_split else 2)
+    decode_ms = (stall if on_split else 0.5) * (10.0 + 5.0 * batch)
     clock.advance_ms(decode_ms)
     step.latency_ms = step.preempt_ms + decode_ms
     controller.after_step(step)
@@ -278,6 +278,26 @@ def test_a_chosen_split_gives_the_device_back_for_batches_decode_on_its_side_wou
     assert kept and set(kept) == {2}, "every batch of 2 ran beside the job"
     assert controller.stats()["steps_given_back"] >= len(given_back)
     assert controller.chooser.records[(66, 66)].num_misses == 0, "no step on the split went past the target"
+
+
+def test_a_stall_that_misses_on_a_chosen_split_gives_back_its_batch_not_the_split():
+    """Decode on the split takes 10 + 5 x batch ms, batches of 1 to 4 (a 4: 30 ms, within the 40 ms target); one
+    step at a batch of 4 on the split stalls to twice that. The split stays eligible, capped below 4 for a while:
+    batches of 3 and less would run beside the job, a 4 on the whole device."""
+    controller = chosen_split_controller()
+    rng = np.random.default_rng(0)
+    n, stalled = 0, False
+    while not stalled:
+        batch = int(rng.integers(1, 5))
+        is_stall = n > 100 and batch == 4
+        stalled = run_chosen_split_step(controller, n, batch, stall=2.0 if is_stall else 1.0) and is_stall
+        n += 1
+    run_chosen_split_step(controller, n, 1)  # the miss ends the split's phase
+    chooser = controller.chooser
+    assert chooser.records[(66, 66)].num_misses == 1
+    assert chooser.max_batch((66, 66)) == 3 and (66, 66) in chooser._eligible(), "capped, not set aside"
+    assert controller._serving_split((66, 66), 3) == (66, 66)
+    assert controller._serving_split((66, 66), 4) is None
 
 
 def test_a_fresh_split_gives_the_device_back_before_its_line_is_fitted():

@@ -15,7 +15,7 @@ from harvest.colocation.split_chooser import (
     MAX_WARMUP_PHASES,
     MIN_PHASE_STEPS,
     PHASE_S,
-    SET_ASIDE_PHASES,
+    CAP_PHASES,
     SplitChooser,
 )
 from harvest.replay.simulated_job import SimulatedUnit
@@ -28,28 +28,32 @@ STEPS_PER_PHASE = 20
 class Clock:
     def __init__(self):
         self.now = 0.0
+        self.work = 0.0
+        """The job's work so far (tokens through its units), which run_phases adds to."""
 
     def __call__(self):
         return self.now
 
 
 def run_phases(chooser, clock, rates, num_phases, misses=lambda split, phase: False, noise=0.0, seed=0,
-               is_learned=lambda split: True):
+               is_learned=lambda split: True, missed_batch=1):
     """Drive decode steps until `num_phases` phases have run; `rates(split, phase)`: tokens/s the split trains
-    then; `misses(split, phase)`: its fourth step misses the target. Returns the split of every phase."""
+    then; `misses(split, phase)`: its fourth step, at a batch of `missed_batch` (the others at 1), misses the
+    target. Returns the split of every phase from the chooser's current one on."""
     rng = random.Random(seed)
-    chosen, step_in_phase, work = [], 0, 0.0
+    chosen, step_in_phase, first = [], 0, chooser.phase
     dt = PHASE_S / STEPS_PER_PHASE
     while chooser.phase < num_phases:
-        split = chooser.split_for_step(work, is_learned)
+        split = chooser.split_for_step(clock.work, is_learned)
         phase = chooser.phase
-        if len(chosen) == phase:
+        if len(chosen) == phase - first:
             chosen.append(split)
             step_in_phase = 0
-        assert chosen[phase] == split, "the split changed inside a phase"
+        assert chosen[phase - first] == split, "the split changed inside a phase"
         clock.now += dt
-        work += rates(split, phase) * dt * max(0.0, 1 + rng.gauss(0, noise))
-        chooser.record_step(work, not (misses(split, phase) and step_in_phase == 3))
+        clock.work += rates(split, phase) * dt * max(0.0, 1 + rng.gauss(0, noise))
+        missed = misses(split, phase) and step_in_phase == 3
+        chooser.record_step(clock.work, not missed, missed_batch if missed else 1)
         step_in_phase += 1
     return chosen
 
@@ -108,20 +112,41 @@ def test_the_choice_follows_the_load_when_the_faster_split_changes():
     assert chosen[-40:].count(None) >= 36
 
 
-def test_a_miss_on_a_partition_ends_its_phase_at_once_and_sets_it_aside_for_longer_each_time():
+def test_a_miss_at_a_batch_of_one_ends_the_partitions_phase_and_sets_it_aside_for_longer_each_time():
     clock = Clock()
     chooser = SplitChooser([PAIR], clock)
     chosen = run_phases(chooser, clock, lambda split, phase: 60.0 if split == PAIR else 30.0, 120,
                         misses=lambda split, phase: split == PAIR)
     pair_phases = [n for n, split in enumerate(chosen) if split == PAIR]
     gaps = [b - a for a, b in zip(pair_phases, pair_phases[1:])]
-    assert gaps[:4] == [SET_ASIDE_PHASES[0] * 2 ** n for n in range(4)], gaps
+    assert gaps[:4] == [CAP_PHASES[0] * 2 ** n for n in range(4)], gaps
     assert chooser.records[PAIR].num_misses == len(pair_phases)
     assert chosen.count(None) / len(chosen) > 0.9
-    # The whole device is never set aside: a miss there is the slice's back-off's to handle.
+    # The whole device is never capped: a miss there is the slice's back-off's to handle.
     chooser = SplitChooser([PAIR], clock)
     run_phases(chooser, clock, lambda split, phase: 30.0 if split == PAIR else 60.0, 20, misses=lambda s, p: True)
-    assert chooser.records[None].set_aside_until == 0 and chooser.records[None].num_misses == 0
+    assert chooser.max_batch(None) == float("inf") and chooser.records[None].num_misses == 0
+
+
+def test_a_miss_at_a_larger_batch_caps_the_partitions_batch_below_it_and_the_partition_keeps_running():
+    clock = Clock()
+    chooser = SplitChooser([PAIR], clock)
+    # The pair trains faster; its fifth phase (its fourth measured) misses once, at a batch of 5.
+    chosen = run_phases(chooser, clock, lambda split, phase: 60.0 if split == PAIR else 30.0, 3 + CAP_PHASES[0],
+                        misses=lambda split, phase: split == PAIR and phase == 4, missed_batch=5)
+    assert chosen[4] == PAIR and chooser.records[PAIR].num_misses == 1
+    assert chooser.max_batch(PAIR) == 4, "batches of 5 and more go to the whole device for a while"
+    assert chosen[5:] == [PAIR] * (CAP_PHASES[0] - 1), "the partition was not set aside"
+    run_phases(chooser, clock, lambda split, phase: 60.0 if split == PAIR else 30.0, 4 + CAP_PHASES[0] + 1)
+    assert chooser.max_batch(PAIR) == float("inf"), "the cap lasts its phases"
+    # Misses while capped only bring the cap down, and one at a batch of 1 sets the partition aside.
+    for missed_batch, cap in ((3, 2), (6, 2), (1, 0)):
+        num_misses = chooser.records[PAIR].num_misses
+        while chooser.records[PAIR].num_misses == num_misses:
+            run_phases(chooser, clock, lambda split, phase: 60.0 if split == PAIR else 30.0, chooser.phase + 1,
+                       misses=lambda split, phase: split == PAIR, missed_batch=missed_batch)
+        assert chooser.max_batch(PAIR) == cap, (missed_batch, chooser.records[PAIR])
+    assert PAIR not in chooser._eligible()
 
 
 def test_idle_gaps_count_for_the_current_split_unless_longer_than_a_phase_and_unready_time_for_none():
@@ -136,7 +161,7 @@ def test_idle_gaps_count_for_the_current_split_unless_longer_than_a_phase_and_un
         assert chooser.split_for_step(work) == split
         clock.now += step_s
         work += 1.0
-        chooser.record_step(work, True)
+        chooser.record_step(work, True, 1)
 
     for _ in range(MIN_PHASE_STEPS):
         step(step_s=PHASE_S / MIN_PHASE_STEPS)

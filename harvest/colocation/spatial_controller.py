@@ -178,13 +178,15 @@ class SpatialController(Controller):
         would not serve in the target (its fit over the split's recent steps, at their overrun quantile): the
         split trains beside the batches decode keeps up with on fewer cores and gives the device back for the
         rest (at the wait for the unit in flight, which the co-run bound leaves room for), instead of missing
-        them and being set aside for whole phases. Until the split's steps have spread enough to fit a line,
+        them; so do batches from one that missed all the same on the split, while the chooser caps it
+        (SplitChooser.max_batch). Until the split's steps have spread enough to fit a line,
         each request costs its steps' mean per request (BatchCost.max_batch's stand-in): a fresh worker at a
         heavy load gives back from the split's first steps on. Its steps on the whole device are its phase's
         all the same."""
         cost = self._partition_cost.get(split)
-        if cost is None or batch_size <= cost.max_batch(self.slo.tpot_slo_ms - self.loop_overhead_ms,
-                                                        cost.mean_ms_per_request):
+        fits = cost is None or batch_size <= cost.max_batch(self.slo.tpot_slo_ms - self.loop_overhead_ms,
+                                                            cost.mean_ms_per_request)
+        if split is None or (fits and batch_size <= self.chooser.max_batch(split)):
             return split
         self.num_steps_given_back += 1
         return None
@@ -209,7 +211,7 @@ class SpatialController(Controller):
         if self.pinned is None and self._job_was_ready:
             # A wait for an idle-time unit is the idle turn's, not the split's (it runs on the whole device).
             kept = step.latency_ms + step.finetune_ms <= self.slo.tpot_slo_ms
-            self.chooser.record_step(self.unit_tokens, kept)
+            self.chooser.record_step(self.unit_tokens, kept, step.batch_size)
         else:
             self.chooser.skip()  # a step pinned through the admin API, or one whose job had no ready work
 

@@ -12,12 +12,16 @@ under either split, so work over all the time is what the worker gets from the s
 counts for no split (a long idle stretch would credit whichever split it fell in), nor do steps while the job
 has no ready work (its engine being built). The split with the best recent rate runs next; another one gets a
 phase now and then to keep its rate current, less often the further behind it was (EXPLORE_EVERY doubles up to
-its cap, and drops back when it comes close). A finetune partition whose phase had a step over the target ends
-its phase at once and is set aside for SET_ASIDE_PHASES (doubling each time it misses again): decode on fewer
-cores or SMs may not keep the target at this load, while the whole device keeps it by the slice's own back-off.
-Within a partition's phase, a step whose batch decode on fewer cores would not serve in the target runs on the
-whole device all the same (SpatialController._serving_split), so what sets a partition aside is a miss that
-its own batches' fit did not see coming.
+its cap, and drops back when it comes close). Within a partition's phase, a step whose batch decode on fewer cores
+would not serve in the target runs on the whole device all the same (SpatialController._serving_split). A
+partition's step over the target all the same, a miss its batches' fit did not see coming, ends its phase at once
+and caps the partition's batch below the one that missed for CAP_PHASES (doubling each time it misses again,
+halving each phase it keeps the target): the larger the batch, the less room decode's own stalls have under the
+target, so a stall misses at the largest batches first, and the batches under the cap keep training beside
+decode (set aside whole instead, a partition's phases after a miss went to the whole device at a fraction of its
+rate: eval/results/cpu-2026-11-29/amd-host/). A miss at a batch of one sets the
+partition aside (a cap of 0) while decode on fewer cores may not keep the target at this load; the whole device
+keeps it by the slice's own back-off.
 
 Phase rates are noisy: a lull credits whichever split it fell in. So the worker starts on the even split (what a
 user pins by hand, and what trains most once decode needs a core most of the time: `eval/results/cpu-2026-11-27/
@@ -31,6 +35,7 @@ sooner would rate the whole device far below what it trains (`eval/results/cpu-2
 It is learned once: the line is kept while other splits run. MAX_WARMUP_PHASES bounds it where the batch never
 spreads enough to fit a line."""
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -47,7 +52,7 @@ EXPLORE_EVERY = (4, 32)
 while it stays far behind."""
 CLOSE = 0.8
 """A split within this share of the best one's rate is close: it is tried again soon."""
-SET_ASIDE_PHASES = (4, 64)
+CAP_PHASES = (4, 64)
 CONFIRM_PHASES = 2
 RECENT_PHASES = 32
 
@@ -64,8 +69,10 @@ class SplitRecord:
     is_warm: bool = False
     last_phase: int = -1
     explore_every: int = EXPLORE_EVERY[0]
-    set_aside_until: int = 0
-    set_aside_for: int = 0
+    max_batch: int | None = None
+    """The largest batch the partition serves until capped_until (None: no cap; 0: set aside)."""
+    capped_until: int = 0
+    capped_for: int = 0
     num_misses: int = 0
 
 
@@ -84,6 +91,8 @@ class SplitChooser:
         self._work = 0.0
         self._steps = 0
         self._missed = False
+        self._missed_batch = 0
+        """The smallest batch that missed in the current phase."""
         self._step_start: tuple[float, float] | None = None
         """(clock, work) when the step in flight started."""
         self._last_end: tuple[float, float] | None = None
@@ -106,15 +115,23 @@ class SplitChooser:
         return (self.records[self.current].is_warm or self._span_s >= MAX_WARMUP_PHASES * self.phase_s
                 or is_learned(self.current))
 
-    def record_step(self, work: float, is_slo_met: bool) -> None:
-        """A step of the current phase is done, its slice too (the job had ready work): whether it kept the
-        target on its split (a wait for an idle-time unit before it is not the split's)."""
+    def record_step(self, work: float, is_slo_met: bool, batch_size: int) -> None:
+        """A step of the current phase at `batch_size` is done, its slice too (the job had ready work): whether it
+        kept the target on its split (a wait for an idle-time unit before it is not the split's)."""
         now = (self.clock(), work)
         self._add(self._step_start, now)
         self._last_end = now
         self._steps += 1
         if not is_slo_met and self.current is not WHOLE:
+            self._missed_batch = batch_size if not self._missed else min(self._missed_batch, batch_size)
             self._missed = True
+
+    def max_batch(self, split) -> float:
+        """The largest batch `split` serves now: below the batch of its last misses while it is capped."""
+        record = self.records[split]
+        if record.max_batch is None or record.capped_until <= self.phase:
+            return math.inf
+        return record.max_batch
 
     def skip(self) -> None:
         """A step or an idle turn while the job had no ready work, or a step pinned through the admin API: the
@@ -136,7 +153,7 @@ class SplitChooser:
             self._record(rate)
         self.phase += 1
         self.current = self._next()
-        self._span_s, self._work, self._steps, self._missed = 0.0, 0.0, 0, False
+        self._span_s, self._work, self._steps, self._missed, self._missed_batch = 0.0, 0.0, 0, False, 0
 
     def _record(self, rate: float) -> None:
         """The current split's phase is over: fold its rate in, set it aside if it missed, space its tries."""
@@ -148,16 +165,18 @@ class SplitChooser:
         record.last_phase = self.phase
         if self._missed:
             record.num_misses += 1
-            record.set_aside_for = min(max(SET_ASIDE_PHASES[0], 2 * record.set_aside_for), SET_ASIDE_PHASES[1])
-            record.set_aside_until = self.phase + record.set_aside_for
+            cap = max(0, self._missed_batch - 1)
+            record.max_batch = min(cap, self.max_batch(split))  # a cap in force only comes down
+            record.capped_for = min(max(CAP_PHASES[0], 2 * record.capped_for), CAP_PHASES[1])
+            record.capped_until = self.phase + record.capped_for
         elif split is not WHOLE:
-            record.set_aside_for //= 2  # kept the target: the next miss is set aside for less
+            record.capped_for //= 2  # kept the target: the next miss caps it for less
         if best_before is not UNMEASURED and split != best_before:  # an exploration: how far behind was it?
             behind = record.unit_tokens_per_s < CLOSE * self.records[best_before].unit_tokens_per_s
             record.explore_every = min(2 * record.explore_every, EXPLORE_EVERY[1]) if behind else EXPLORE_EVERY[0]
 
     def _eligible(self) -> list:
-        return [s for s in self.splits if s is WHOLE or self.records[s].set_aside_until <= self.phase]
+        return [s for s in self.splits if s is WHOLE or self.max_batch(s) >= 1]
 
     def _best(self):
         """The best running rate among the leader and the splits measured CONFIRM_PHASES times (among all those
@@ -188,7 +207,8 @@ class SplitChooser:
                 "splits": {_name(s): {"unit_tokens_per_s": None if r.unit_tokens_per_s is None
                                       else round(r.unit_tokens_per_s, 3),
                                       "phases": r.num_phases, "misses": r.num_misses,
-                                      "set_aside_until": r.set_aside_until, "explore_every": r.explore_every}
+                                      "max_batch": None if r.capped_until <= self.phase else r.max_batch,
+                                      "capped_until": r.capped_until, "explore_every": r.explore_every}
                            for s, r in self.records.items()},
                 "recent_phases": list(self.recent)}
 
