@@ -19,9 +19,9 @@ and caps the partition's batch below the one that missed for CAP_PHASES (doublin
 halving each phase it keeps the target): the larger the batch, the less room decode's own stalls have under the
 target, so a stall misses at the largest batches first, and the batches under the cap keep training beside
 decode (set aside whole instead, a partition's phases after a miss went to the whole device at a fraction of its
-rate: eval/results/cpu-2026-11-29/amd-host/). A miss at a batch of one sets the
-partition aside (a cap of 0) while decode on fewer cores may not keep the target at this load; the whole device
-keeps it by the slice's own back-off.
+rate: eval/results/cpu-2026-11-29/amd-host/). A miss at a batch of one sets the partition aside (a cap of 0)
+while decode on fewer cores may not keep the target at this load; the whole device keeps it by the slice's own
+back-off.
 
 Phase rates are noisy: a lull credits whichever split it fell in. So the worker starts on the even split (what a
 user pins by hand, and what trains most once decode needs a core most of the time: `eval/results/cpu-2026-11-27/
@@ -156,7 +156,7 @@ class SplitChooser:
         self._span_s, self._work, self._steps, self._missed, self._missed_batch = 0.0, 0.0, 0, False, 0
 
     def _record(self, rate: float) -> None:
-        """The current split's phase is over: fold its rate in, set it aside if it missed, space its tries."""
+        """The current split's phase is over: fold its rate in, cap its batch if it missed, space its tries."""
         split, record = self.current, self.records[self.current]
         best_before = self._best()
         record.unit_tokens_per_s = rate if record.unit_tokens_per_s is None else (
