@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harvest.bench.colocate import CORE_PROFILE, ROWS, RUNS_LOG, _partition_rates
+from harvest.bench.colocate import CORE_PROFILE, ROWS, RUNS_LOG, _partition_rates, _verdict_line, _verdicts
 from harvest.finetune.demo.tiny_job import write_tiny_job
 
 
@@ -72,6 +72,9 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
         if row != "decode-alone":
             assert runs[row]["finetune_tokens_per_s"] > 0, (row, runs[row]["finetune_counted_by"])
     assert set(result["tpot_stretch_vs_decode_alone"]["ci@1"]) == {r for r in ROWS if r.startswith("harvest-")}
+    # Each scale's verdict weighs the default against every other row that trains.
+    assert set(result["verdicts"]) == {"ci@1", "ci@2"}
+    assert set(result["verdicts"]["ci@1"]["rows"]) == set(ROWS) - {"decode-alone"}
     # Only the default, spatial without a profile or a pin, chooses its split live: the whole device or (1, 1).
     assert {row for row, run in runs.items() if run["phases_per_split"] is not None} == {"harvest-default"}
     assert set(runs["harvest-default"]["phases_per_split"]) == {"whole", "1,1"}
@@ -79,6 +82,45 @@ def test_every_row_is_measured_and_nothing_is_left_running(tiny_model_dir, tmp_p
     leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
                  if any(str(tmp_path) in arg or str(tiny_model_dir) in arg for arg in p.info["cmdline"] or [])]
     assert not leftovers
+
+
+def verdict_runs(window: str, rows: dict) -> list[dict]:
+    """Runs of `window`: rows maps a row to its repeats' (finetune tok/s, steps within target)."""
+    return [{"window": window, "row": row, "finetune_tokens_per_s": rate, "steps_within_target": share}
+            for row, repeats in rows.items() for rate, share in repeats]
+
+
+def test_the_verdict_weighs_the_default_against_the_row_that_trained_most_within_the_a_a_spread():
+    alone = [(None, 1.0), (None, 1.0)]
+    runs = [
+        # ahead of both; temporal's repeats 40 and 50: a spread of 25 %
+        *verdict_runs("a", {"decode-alone": alone, "harvest-default": [(60.0, 1.0), (62.0, 1.0)],
+                            "harvest-temporal": [(40.0, 1.0), (50.0, 1.0)],
+                            "two-process-pinned": [(55.0, 1.0), (57.0, 1.0)]}),
+        # 0.9x the pinned split, whose repeats differ by 22 %: within noise
+        *verdict_runs("b", {"harvest-default": [(45.0, 1.0), (45.0, 0.9995)],
+                            "two-process-pinned": [(45.0, 1.0), (55.0, 1.0)]}),
+        # 0.5x a pinned split that missed the target in a repeat: behind it, ahead of temporal, which kept it
+        *verdict_runs("c", {"harvest-default": [(30.0, 1.0), (30.0, 1.0)],
+                            "harvest-temporal": [(20.0, 1.0), (20.0, 1.0)],
+                            "two-process-pinned": [(60.0, 1.0), (60.0, 0.95)]}),
+        # the default missed in one repeat: whatever it trained
+        *verdict_runs("d", {"harvest-default": [(90.0, 1.0), (90.0, 0.998)],
+                            "two-process-pinned": [(50.0, 1.0), (50.0, 1.0)]}),
+        # one repeat: no A/A spread, so a default 1 % behind is behind
+        *verdict_runs("e", {"harvest-default": [(49.5, 1.0)], "two-process-pinned": [(50.0, 1.0)]}),
+    ]
+    verdicts = _verdicts(runs)
+    assert {w: v["verdict"] for w, v in verdicts.items()} == {
+        "a": "ahead", "b": "within noise", "c": "behind", "d": "misses the target", "e": "behind"}
+    assert verdicts["a"]["best_row"] == "two-process-pinned" and "decode-alone" not in verdicts["a"]["rows"]
+    assert verdicts["a"]["rows"]["harvest-temporal"]["aa_spread"] == 0.25
+    assert verdicts["b"]["ratio"] == 0.9 and verdicts["b"]["aa_spread"] == round(55 / 45 - 1, 4)
+    assert verdicts["c"]["rows"]["two-process-pinned"]["keeps_target"] is False
+    assert verdicts["c"]["best_row_keeping_target"] == "harvest-temporal"
+    assert verdicts["c"]["ratio_to_best_row_keeping_target"] == 1.5
+    assert "against the best row that keeps the target, harvest (temporal)" in _verdict_line(verdicts["c"])
+    assert verdicts["e"]["aa_spread"] is None and "no A/A spread" in _verdict_line(verdicts["e"])
 
 
 def test_a_partitions_rate_is_its_work_over_the_replay_not_the_workers_life():

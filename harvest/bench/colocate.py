@@ -17,7 +17,9 @@ when a replay starts. A load sweep (several --rate-scale) replays a window at ea
 trainer) per row, started once for the sweep: a serving worker sees its load change, it is not restarted for
 it, and a fresh worker's start and warm-up for every scale cost more than the replays. Rows and scales
 alternate order between repeats (reversed on odd repeats: the job's age is not tied to one scale). Why the
-numbers are what they are: eval/README.md, "harvest against two processes". Each run is also appended to
+numbers are what they are: eval/README.md, "harvest against two processes". Each window gets a verdict (JSON
+`verdicts`, a line after the table): the default against the row that trained most, within the rows' A/A spread,
+and against the best row that kept the target (_verdicts). Each run is also appended to
 --log-dir's runs.jsonl as it ends, so a sweep stopped midway keeps what it measured, and carries the host's
 cost of crossing cores probed as its row began (host_probe.py): rows compare where it held still.
 
@@ -73,6 +75,8 @@ ROWS = {  # row id (--rows, JSON): what the table calls it; in run order (revers
 DEFAULT_WINDOWS = ("steady=conv:17s+12s", "bursty=code:179s+12s")
 _WINDOW = re.compile(r"^(\w+)=([^:]+):([\d.]+s?)\+([\d.]+s?)$")
 JOB_POLL_S = 1.0
+TARGET_SHARE = 0.999
+"""The share of steps within the TPOT target harvest keeps (issue 36's acceptance; the controller's quantiles)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,6 +158,7 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "table": _table(runs),
         "tpot_stretch_vs_decode_alone": _stretch(runs),
+        "verdicts": _verdicts(runs),
         "runs": runs,
         "windows": {name: {"spec": spec, "rate_scale": scale, **traces[name].summary()}
                     for name, spec, scale in windows},
@@ -395,6 +400,61 @@ def _stretch(runs: list[dict]) -> dict:
     return out
 
 
+def _verdicts(runs: list[dict]) -> dict:
+    """Per window, the claim the bench is for: harvest's default keeps TARGET_SHARE of its steps in the target and
+    trains at least as much as every other row that trains. Each row's figures are medians over repeats; its A/A
+    spread is its largest repeat's tok/s over its smallest, less 1 (None with one repeat). Against the row that
+    trained most: "ahead" at a ratio of 1 or more, "within noise" where the gap is no larger than the larger A/A
+    spread of the two rows (two runs of one row differ that much), else "behind"; "misses the target" first,
+    where the default kept fewer steps in any repeat. A row that trains more by missing the target is no
+    alternative to a user with one, so the ratio to the best row that kept it in every repeat is given too."""
+    by_window: dict[str, dict[str, list[dict]]] = {}
+    for run in runs:
+        by_window.setdefault(run["window"], {}).setdefault(run["row"], []).append(run)
+    verdicts = {}
+    for window, by_row in by_window.items():
+        rows = {row: _row_summary(row_runs) for row, row_runs in by_row.items()}
+        rows = {row: summary for row, summary in rows.items() if summary["tokens_per_s"] is not None}
+        default = rows.get("harvest-default")
+        others = [row for row in rows if row != "harvest-default"]
+        if default is None or not others:
+            continue
+        best = max(others, key=lambda row: rows[row]["tokens_per_s"])
+        ratio = _ratio(default["tokens_per_s"], rows[best]["tokens_per_s"])
+        spreads = (default["aa_spread"], rows[best]["aa_spread"])
+        spread = None if None in spreads else max(spreads)
+        if not default["keeps_target"]:
+            verdict = "misses the target"
+        elif ratio is not None and ratio >= 1:
+            verdict = "ahead"
+        elif ratio is not None and spread is not None and ratio >= 1 / (1 + spread):
+            verdict = "within noise"
+        else:
+            verdict = "behind"
+        keeping = [row for row in others if rows[row]["keeps_target"]]
+        best_keeping = max(keeping, key=lambda row: rows[row]["tokens_per_s"], default=None)
+        verdicts[window] = {
+            "verdict": verdict, "best_row": best, "ratio": ratio, "aa_spread": spread,
+            "best_row_keeping_target": best_keeping,
+            "ratio_to_best_row_keeping_target": None if best_keeping is None
+            else _ratio(default["tokens_per_s"], rows[best_keeping]["tokens_per_s"]),
+            "rows": rows,
+        }
+    return verdicts
+
+
+def _row_summary(row_runs: list[dict]) -> dict:
+    rates = [r["finetune_tokens_per_s"] for r in row_runs if r["finetune_tokens_per_s"] is not None]
+    shares = [r["steps_within_target"] for r in row_runs]
+    return {"tokens_per_s": _median(rates), "steps_within_target": _median(shares),
+            "aa_spread": round(max(rates) / min(rates) - 1, 4) if len(rates) > 1 and min(rates) > 0 else None,
+            "keeps_target": all(share is not None and share >= TARGET_SHARE for share in shares)}
+
+
+def _ratio(value: float, other: float) -> float | None:
+    return round(value / other, 3) if other else None
+
+
 def _median(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 4) if values else None
@@ -417,6 +477,26 @@ def print_result(result: dict, console) -> None:
         for row, ratio in rows.items():
             console.print(f"{window}: {ROWS.get(row, row)} stretches TPOT x{ratio['tpot_p50_ratio']} (p50), "
                           f"x{ratio['tpot_p99_ratio']} (p99) beyond decode alone")
+    for window, v in result["verdicts"].items():
+        console.print(f"{window}: {_verdict_line(v)}")
+
+
+def _verdict_line(v: dict) -> str:
+    def row(name: str) -> str:
+        e = v["rows"][name]
+        kept = "" if e["keeps_target"] else ", misses it"
+        share = f"{100 * e['steps_within_target']:.2f} % in target{kept}"
+        return f"{ROWS.get(name, name)} {e['tokens_per_s']:.1f} tok/s ({share})"
+
+    spread = "one repeat, no A/A spread" if v["aa_spread"] is None else f"A/A spread {100 * v['aa_spread']:.0f} %"
+    line = f"{v['verdict'].upper()}: {row('harvest-default')} against {row(v['best_row'])}: x{v['ratio']} ({spread})"
+    keeping = v["best_row_keeping_target"]
+    if keeping is None:
+        line += "; no other row kept the target in every repeat"
+    elif keeping != v["best_row"]:
+        line += (f"; against the best row that keeps the target, {row(keeping)}: "
+                 f"x{v['ratio_to_best_row_keeping_target']}")
+    return line
 
 
 def _cell(value) -> str:
