@@ -302,6 +302,32 @@ def test_steps_pinned_through_the_admin_api_measure_no_split():
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
+def test_a_chosen_partition_is_held_through_idle_turns_so_a_batch_arriving_waits_for_no_unit():
+    chooser = SplitChooser([PAIR], phase_s=10.0)
+    job = Job()
+    controller = chosen_controller(chooser, job)
+    try:
+        step = DecodeStep(0, 1, 10, time.perf_counter())
+        controller.before_step(step)
+        step.latency_ms = 1.0
+        controller.after_step(step)
+        assert step.infer_sms == 1, "the step ran on the chosen partition"
+        tokens_after_step = controller.stats()["co_run"]["1,1"]["tokens"]
+        for _ in range(20):
+            assert controller.on_idle() == 0
+            time.sleep(0.005)
+        assert controller.num_units_idle == 0 and controller.num_preemptions == 0, "idle turns took nothing back"
+        step = DecodeStep(1, 1, 10, time.perf_counter())
+        controller.before_step(step)
+        assert step.preempt_ms == 0.0, "the batch after the idle turns waited for no unit"
+        step.latency_ms = 1.0
+        controller.after_step(step)
+        assert controller.stats()["co_run"]["1,1"]["tokens"] > tokens_after_step, "the unit thread trained meanwhile"
+    finally:
+        controller.close()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
 def test_an_idle_turn_that_trains_counts_for_the_current_split_and_one_without_ready_work_for_none():
     chooser = SplitChooser([PAIR], phase_s=10.0)
     job = Job()
