@@ -9,9 +9,8 @@ rate does not come in lumps as trained tokens do, counted once per micro-batch a
 turns between its steps count too: the split changes how much of the time decode leaves idle (decode on fewer
 cores takes longer, and the whole device's slices stretch its steps) and what trains then (a finetune partition
 is held through idle turns, the whole device trains in them), so work over all the time is what the worker gets
-from the split. A gap longer than a phase
-counts for no split (a long idle stretch would credit whichever split it fell in), nor do steps while the job
-has no ready work (its engine being built). The split with the best recent rate runs next; another one gets a
+from the split. A gap longer than a phase counts for no split (a long idle stretch would credit whichever split
+it fell in), nor do steps while the job has no ready work (its engine being built). The split with the best recent rate runs next; another one gets a
 phase now and then to keep its rate current, less often the further behind it was (EXPLORE_EVERY doubles up to
 its cap, and drops back when it comes close). Within a partition's phase, a step whose batch decode on fewer cores
 would not serve in the target runs on the whole device all the same (SpatialController._serving_split). A
