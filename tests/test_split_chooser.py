@@ -301,17 +301,22 @@ def test_steps_pinned_through_the_admin_api_measure_no_split():
     assert chooser._span_s - span_before < 0.1, "the pinned stretch was counted for the chooser's split"
 
 
+def after_a_step_on_the_pair(job):
+    """(chooser, controller) after one decode step on the chosen (1, 1), the job's unit thread granted it."""
+    chooser = SplitChooser([PAIR], phase_s=10.0)
+    controller = chosen_controller(chooser, job)
+    step = DecodeStep(0, 1, 10, time.perf_counter())
+    controller.before_step(step)
+    step.latency_ms = 1.0
+    controller.after_step(step)
+    assert step.infer_sms == 1, "the step ran on the chosen partition"
+    return chooser, controller
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
 def test_a_chosen_partition_is_held_through_idle_turns_so_a_batch_arriving_waits_for_no_unit():
-    chooser = SplitChooser([PAIR], phase_s=10.0)
-    job = Job()
-    controller = chosen_controller(chooser, job)
+    _, controller = after_a_step_on_the_pair(Job())
     try:
-        step = DecodeStep(0, 1, 10, time.perf_counter())
-        controller.before_step(step)
-        step.latency_ms = 1.0
-        controller.after_step(step)
-        assert step.infer_sms == 1, "the step ran on the chosen partition"
         tokens_after_step = controller.stats()["co_run"]["1,1"]["tokens"]
         for _ in range(20):
             assert controller.on_idle() == 0
@@ -329,16 +334,11 @@ def test_a_chosen_partition_is_held_through_idle_turns_so_a_batch_arriving_waits
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="core partitions need two cores")
 def test_an_idle_turn_that_trains_counts_for_the_current_split_and_one_without_ready_work_for_none():
-    chooser = SplitChooser([PAIR], phase_s=10.0)
     job = Job()
-    controller = chosen_controller(chooser, job)
+    chooser, controller = after_a_step_on_the_pair(job)
     try:
-        step = DecodeStep(0, 1, 10, time.perf_counter())
-        controller.before_step(step)
-        step.latency_ms = 1.0
-        controller.after_step(step)
         controller.on_idle()
-        assert chooser._last_end is not None, "an idle turn's unit was counted for no split"
+        assert chooser._last_end is not None, "an idle turn the job trained in was counted for no split"
         job.is_ready = False
         controller.on_idle()
         assert chooser._last_end is None, "an idle turn without ready work was counted for the split"
