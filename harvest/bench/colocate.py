@@ -485,7 +485,8 @@ def _verdict_line(v: dict) -> str:
     def row(name: str) -> str:
         e = v["rows"][name]
         kept = "" if e["keeps_target"] else ", misses it"
-        share = f"{100 * e['steps_within_target']:.2f} % in target{kept}"
+        share = ("no steps" if e["steps_within_target"] is None
+                 else f"{100 * e['steps_within_target']:.2f} % in target") + kept
         return f"{ROWS.get(name, name)} {e['tokens_per_s']:.1f} tok/s ({share})"
 
     spread = "one repeat, no A/A spread" if v["aa_spread"] is None else f"A/A spread {100 * v['aa_spread']:.0f} %"
