@@ -375,15 +375,19 @@ TABLE_METRICS = ("steps_within_target", "tpot_ms_p50", "tpot_ms_p99", "finetune_
                  "num_unfinished_requests")
 
 
+def _by_window_and_row(runs: list[dict]) -> dict[str, dict[str, list[dict]]]:
+    """window -> row -> its runs (the repeats), in run order."""
+    grouped: dict[str, dict[str, list[dict]]] = {}
+    for run in runs:
+        grouped.setdefault(run["window"], {}).setdefault(run["row"], []).append(run)
+    return grouped
+
+
 def _table(runs: list[dict]) -> dict:
     """Per window and row: the median over repeats of each metric (None where a run has none)."""
-    table: dict[str, dict] = {}
-    for run in runs:
-        table.setdefault(run["window"], {}).setdefault(run["row"], [])
-        table[run["window"]][run["row"]].append(run)
     return {window: {row: {metric: _median([r[metric] for r in row_runs]) for metric in TABLE_METRICS}
                      | {"num_runs": len(row_runs)} for row, row_runs in by_row.items()}
-            for window, by_row in table.items()}
+            for window, by_row in _by_window_and_row(runs).items()}
 
 
 def _stretch(runs: list[dict]) -> dict:
@@ -408,11 +412,8 @@ def _verdicts(runs: list[dict]) -> dict:
     spread of the two rows (two runs of one row differ that much), else "behind"; "misses the target" first,
     where the default kept fewer steps in any repeat. A row that trains more by missing the target is no
     alternative to a user with one, so the ratio to the best row that kept it in every repeat is given too."""
-    by_window: dict[str, dict[str, list[dict]]] = {}
-    for run in runs:
-        by_window.setdefault(run["window"], {}).setdefault(run["row"], []).append(run)
     verdicts = {}
-    for window, by_row in by_window.items():
+    for window, by_row in _by_window_and_row(runs).items():
         rows = {row: _row_summary(row_runs) for row, row_runs in by_row.items()}
         rows = {row: summary for row, summary in rows.items() if summary["tokens_per_s"] is not None}
         default = rows.get("harvest-default")
