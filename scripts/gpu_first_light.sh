@@ -3,15 +3,17 @@
 # included, carried in one device call (the checkout and the bundle's parts <= 63 MiB).
 #
 #   scripts/gpu_first_light.sh [--dry-run] [--bundle DIR] [--budget-s N] [--only NAME,...]
-#                              [--window 30s|0] [--alone-s 20]
+#                              [--window 30s|0] [--alone-s 20] [--rate-scales 1[,K...]]
 #
 # Stages, in the order that leaves results when the run is cut off: facts -> install -> native build (after
 # the install: the driver stub's symbols come from sgl_kernel) -> model make (Llama-3.2-1B shape, random
-# weights) -> decision cost (plan + observe on this host's CPU) -> temporal worker with the job: --alone-s
-# with no requests (the job in idle turns; under what a partition trained beside decode on 2026-11-28), then a --window
-# replay (--window 0: none, the job alone only) -> a replay on a spatial worker (the default: the split chosen
-# live, the whole device or the even split; 64,56 pinned ran on 2026-11-28) -> solo
-# decode profile of the served model -> doctor -> interference check.
+# weights) -> decision cost (plan + observe on this host's CPU) -> a --window conv replay on the default worker
+# (spatial, the split chosen live between the whole device and the even split; first, as it never ran on a GPU
+# before 2026-11-30; 64,56 pinned ran on 2026-11-28) -> temporal worker with the job: --alone-s with no
+# requests (the job in idle turns; 0: none), then the replay (--window 0: none, the job alone only) -> solo
+# decode profile of the served model -> doctor -> interference check. A worker replays the window once per
+# --rate-scales entry, in order, on the one worker (a start costs 70-160 s of the lease, a replay ~40), each
+# replay --window (seconds) of wall time: at rate scale k, k times that much of the trace.
 # Each stage runs under `timeout` (its cap, or what is left of --budget-s) and writes into $OUT as it
 # finishes; only $OUT comes back from a lent GPU, at most 8 files: facts.json, stages.log, decision.json,
 # temporal.tgz, spatial.tgz, profile.tgz, doctor.jsonl, interference.jsonl. --only runs the named stages
@@ -23,7 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-dry_run=0; bundle=bundle; budget_s=560; only=""; window=30s; alone_s=20
+dry_run=0; bundle=bundle; budget_s=560; only=""; window=30s; alone_s=20; rate_scales=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -32,6 +34,7 @@ while [ $# -gt 0 ]; do
     --only) only=",$2,"; shift ;;
     --window) window=$2; shift ;;
     --alone-s) alone_s=$2; shift ;;
+    --rate-scales) rate_scales=$2; shift ;;
     *) echo "gpu_first_light.sh: error: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
   shift
@@ -42,7 +45,8 @@ export work=$repo/.first-light
 export out=${OUT:-$work/out}
 export site=$work/site model=$work/llama3.2-1b job=$work/job.yaml bundle
 export python=${PYTHON:-python3}
-export tpot_ms=40 port=30000 admin_port=30100 profile_port=30010 profile_admin_port=30110 window alone_s
+export tpot_ms=40 port=30000 admin_port=30100 profile_port=30010 profile_admin_port=30110 window alone_s rate_scales
+export scale=1  # the replay's rate scale, set per replay by run_worker
 export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1 \
        HF_HUB_OFFLINE=1 PIP_NO_CACHE_DIR=1
 CARRY_LIMIT_BYTES=$((63 * 1024 * 1024))  # the device call's 64 MiB, less room for untracked files
@@ -57,8 +61,8 @@ STAGES=(
   "native 90 csrc/ built here (the CUDA VMM backend with nvcc; the stub's symbols come from the installed sgl_kernel)"
   "model 60 random Llama-3.2-1B (bf16, drawn on the GPU) with a small tokenizer, and the LoRA job"
   "decision 30 plan + observe on this host's CPU (harvest bench predictor, the synthetic H100 profile) -> decision.json"
-  "temporal 300 temporal worker with the job, once it runs --alone-s alone then a --window conv replay -> temporal.tgz"
-  "spatial 240 the default worker with the job (spatial, the split chosen live), once it runs a --window conv replay -> spatial.tgz"
+  "spatial 330 the default worker with the job (spatial, the split chosen live), once it runs a --window conv replay per rate scale -> spatial.tgz"
+  "temporal 330 temporal worker with the job, once it runs --alone-s alone then a --window conv replay per rate scale -> temporal.tgz"
   "profile 200 harvest profile, solo: decode shapes of the served model, held-out error -> profile.tgz"
   "doctor 100 harvest doctor, every check but the interference one -> doctor.jsonl"
   "interference 40 decode beside a saturating finetune partition, %smid confinement -> interference.jsonl"
@@ -78,8 +82,11 @@ print(','.join(c.name for c in CHECKS if c.name != 'gpu_interference'))")") ;;
             --admin-port "$admin_port" --mem-fraction-static 0.6 --cuda-graph-max-bs 16 --grammar-backend none)
       [ "$1" = serve_temporal ] && ARGV+=(--colocation temporal) ;;
     replay_temporal|replay_spatial)
-      ARGV=(replay --trace conv --window "$window" --target "http://127.0.0.1:$port" --admin "http://127.0.0.1:$admin_port"
-            --tpot-ms "$tpot_ms" --out "$work/${1#replay_}" --no-plots) ;;
+      # k times the window's trace at rate scale k: every replay lasts --window of wall time
+      ARGV=(replay --trace conv --window "$(awk "BEGIN {print ${window%s} * $scale}")s" --rate-scale "$scale"
+            --target "http://127.0.0.1:$port"
+            --admin "http://127.0.0.1:$admin_port" --tpot-ms "$tpot_ms" --drain-s 20
+            --out "$work/${1#replay_}/scale-$scale" --no-plots) ;;
     interference) ARGV=(doctor --json --only gpu_interference,gpu_confine) ;;
     decision) ARGV=(bench predictor --profile predictor/profiles/synthetic-h100-llama3-8b.json --tpot-ms "$tpot_ms") ;;
     # Decode shapes only (the temporal stage measures the job alone); one pass and few held-out shapes: the
@@ -169,7 +176,7 @@ run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a r
   done
   echo "$1: job $job_state after $(( $(date +%s) - stage_start ))s"  # not running: the wait ran out
   # The job with no requests, in the idle turns of a temporal worker (temporal only: time)
-  if [ "$1" = temporal ] && [ $(( stage_deadline - $(date +%s) )) -gt $(( tail_s + alone_s )) ]; then
+  if [ "$1" = temporal ] && [ "$alone_s" != 0 ] && [ $(( stage_deadline - $(date +%s) )) -gt $(( tail_s + alone_s )) ]; then
     "$python" - "http://127.0.0.1:$admin_port/harvest/stats" "$alone_s" >"$dir/alone.json" <<'EOF3'
 import json, sys, time, urllib.request
 
@@ -189,16 +196,18 @@ EOF3
       sleep 5
     done >"$dir/stats.jsonl" ) &
   poller=$!
-  # The replay ends 30 s before the stage's deadline, leaving time for the stacks, the stats and the drain
+  # Each replay ends 30 s before the stage's deadline, leaving time for the stacks, the stats and the drain
+  rc=0
   if [ "$window" != 0 ]; then
-    left=$(( stage_deadline - $(date +%s) - 30 ))
-    argv_for "replay_$1"
-    timeout -k 5 $(( left > 10 ? left : 10 )) "$python" -m harvest.cli.main "${ARGV[@]}" >"$dir/replay.log" 2>&1
-    rc=$?
-    echo "$1: replay rc=$rc after $(( $(date +%s) - stage_start ))s"
-    [ $rc = 124 ] && { dump_stacks $pid; sleep 3; }
-  else
-    rc=0
+    for scale in ${rate_scales//,/ }; do
+      left=$(( stage_deadline - $(date +%s) - 30 ))
+      [ $left -gt 20 ] || { echo "$1: replay at rate scale $scale skipped: ${left}s left"; break; }
+      argv_for "replay_$1"
+      timeout -k 5 $left "$python" -m harvest.cli.main "${ARGV[@]}" >"$dir/replay-$scale.log" 2>&1
+      rc=$?
+      echo "$1: replay at rate scale $scale rc=$rc after $(( $(date +%s) - stage_start ))s"
+      [ $rc = 0 ] || { [ $rc = 124 ] && { dump_stacks $pid; sleep 3; }; break; }
+    done
   fi
   http_get "http://127.0.0.1:$admin_port/harvest/stats" >"$dir/stats.json"
   http_get "http://127.0.0.1:$admin_port/harvest/steps?limit=10000" >"$dir/steps.json"
