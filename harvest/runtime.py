@@ -282,14 +282,13 @@ class HarvestRuntime:
 
     def on_idle(self, kv_demand_slots: int = 0) -> float:
         """No decode batch: the job's idle turn. Returns how long the loop may wait for a request before the
-        next turn: 0 after a unit (it comes straight back for the next), FETCH_WAIT_MS while the next unit's
-        layer is fetched, IDLE_WAIT_MS when nothing the job does would make a unit ready sooner (no job, one
-        building, paused, or done)."""
+        next turn: 0 after a turn that worked for the job (a unit, or a partition taken back: it comes straight
+        back for the next), FETCH_WAIT_MS while the next unit's layer is fetched, IDLE_WAIT_MS when nothing the
+        job does would make a unit ready sooner (no job, one building, paused, or done)."""
         if self.controller is None:
             return IDLE_WAIT_MS
-        num_units = self.controller.num_units_idle
         self.metrics.finetune_tokens.inc(self.controller.on_idle(kv_demand_slots))
-        if self.controller.num_units_idle > num_units:
+        if self.controller.idle_turn_worked:
             return 0.0
         return FETCH_WAIT_MS if self.jobs.job_set.is_fetching else IDLE_WAIT_MS
 

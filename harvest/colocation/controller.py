@@ -187,6 +187,9 @@ class Controller:
         self.num_slices_cut_for_growth = 0
         self.num_units_in_slack = 0
         self.num_units_idle = 0
+        self.idle_turn_worked = False
+        """The last idle turn did the job's work (a unit, or a partition taken back from its unit in flight): the
+        idle loop comes straight back for the next turn instead of waiting for a request."""
         self.finetune_ms_in_slack = 0.0
         self.max_idle_wait_ms = 0.0
         self._slice_excess_ms: deque[float] = deque(maxlen=RECENT_SLICES)
@@ -349,6 +352,7 @@ class Controller:
     def on_idle(self, kv_demand_slots: int = 0) -> int:
         """No decode batch: run one unit (the loop comes back here between units to check for requests).
         Returns the finetune tokens it trained."""
+        self.idle_turn_worked = False
         self._rebalance_memory(kv_demand_slots)
         self.job.poll()
         if not self.job.has_ready_work():
@@ -359,6 +363,7 @@ class Controller:
         if result is None:
             return 0
         self.num_units_idle += 1
+        self.idle_turn_worked = True
         return result.num_trained_tokens
 
     def stats(self) -> dict:

@@ -8,11 +8,11 @@ The job has one owner at a time, and the owner changes only at a unit boundary (
 for a unit, or for a turn of the scheduler thread's work on the job):
   - while a finetune partition is granted, the unit thread owns the job: it polls it (checkpoint, stop,
     publish) and runs units between decode steps as well as during them; the scheduler thread runs no unit;
-  - the grant changes before a step whose partition differs (whole device to decode, or another pair) and,
-    with a planner, before an idle turn: the scheduler thread revokes it and waits for the unit in flight (a
-    preemption, charged to the step as preempt_ms; units are sized to the bound controller.unit_bound_ms gives,
-    or, while a partition is held across steps, to the preemption bound: co_run_bound_ms); a partition held
-    across steps is held through idle turns too (on_idle);
+  - the grant changes before a step whose partition differs (whole device to decode, or another pair) and
+    before an idle turn: the scheduler thread revokes it and waits for the unit in flight (a preemption,
+    charged to the step as preempt_ms; units are sized to the bound controller.unit_bound_ms gives, or, while a
+    partition is held across steps, to the preemption bound: co_run_bound_ms); the idle turn that takes it back
+    runs no unit (on_idle);
   - with a planner, a co-run step is followed by a slice on the whole device where the slack admits one (the
     planner counts the tokens of a step so, and weighs the wait for the unit in flight against co-running):
     the partition is revoked for it and granted again at the next step; pinned or chosen live (no planner), it
@@ -326,26 +326,21 @@ class SpatialController(Controller):
         return False
 
     def on_idle(self, kv_demand_slots: int = 0) -> int:
-        """No decode batch. A partition held across steps (chosen live or pinned) stays with the job: its unit
-        thread trains on, and a batch arriving waits for no unit. Taken back for the turn instead, a batch
-        arriving meanwhile waited for the unit in flight and then for the whole-device unit the turn ran after it,
-        two waits where the co-run bound counts on one (eval/results/cpu-2026-11-29/amd-host/). Otherwise units
-        run on the whole device, from the scheduler thread, one per idle turn, the partition revoked first (a
-        batch arriving meanwhile waits for that too: it is in the idle wait)."""
-        if self._granted is not None and self._holds_partition_across_steps:
-            self._rebalance_memory(kv_demand_slots)
-            if self.chooser is not None and not self.job.has_ready_work():
-                self.chooser.skip()  # the unit thread has nothing to run: the time measures no split
+        """No decode batch: units run on the whole device, from the scheduler thread, one per idle turn. A turn
+        that finds a partition granted takes it back, waiting for its unit in flight, and runs none: the loop
+        comes straight back (idle_turn_worked), so a batch arriving waits for one unit at most, never for the
+        partition's and a whole-device one back to back (eval/results/cpu-2026-11-29/amd-host/)."""
+        if self._granted is not None:
+            started = self.clock()
+            self._revoke()
+            self._partition = None
+            self.idle_turn_worked = True
+            self._idle_unit_ms = (self.clock() - started) * 1e3
             return 0
-        started = self.clock()
-        waited_ms = self._revoke()
-        self._partition = None
         num_units_before = self.num_units_idle
         tokens = super().on_idle(kv_demand_slots)
         if self.chooser is not None and self.num_units_idle == num_units_before:
             self.chooser.skip()  # no unit was ready: the time measures no split (an idle turn's unit does)
-        if tokens or waited_ms:
-            self._idle_unit_ms = (self.clock() - started) * 1e3
         return tokens
 
     def close(self) -> None:

@@ -7,8 +7,8 @@ Time is cut into phases of at least PHASE_S; a phase runs one split, and its rat
 time: the tokens through the job's units (a token passes every unit of its optimizer step, so this rate does not
 come in lumps as trained tokens do, counted once per micro-batch at its embedding). The idle turns between its steps
 count too: the split changes how much of the time decode leaves idle (decode on fewer cores takes longer, and the
-whole device's slices stretch its steps) and what trains then (a finetune partition is held through idle turns, the
-whole device trains in them), so work over all the time is what the worker gets from the split. A gap longer than a
+whole device's slices stretch its steps), and idle turns train on the whole device under either split, so work over
+all the time is what the worker gets from the split. A gap longer than a
 phase counts for no split (a long idle stretch would credit whichever split it fell in), nor do steps while the job
 has no ready work (its engine being built). The split with the best recent rate runs next; another one gets a phase
 now and then to keep its rate current, less often the further behind it was (EXPLORE_EVERY doubles up to its cap,

@@ -194,9 +194,8 @@ class HarvestPolicy(ColocationPolicy):
         self.job.is_ready = self.lent_window(0)[1] > 0
         tokens = 0.0
         while self.clock() < until_s:
-            trained = self.controller.on_idle()
-            if trained:
-                tokens += trained
+            tokens += self.controller.on_idle()
+            if self.controller.idle_turn_worked:
                 continue
             wake_s = self.job.wake_s()  # a job arriving (job trace) before the batch does
             if wake_s >= until_s:
