@@ -171,6 +171,16 @@ def test_one_stalled_unit_does_not_tilt_the_cost_line():
     assert sizer.rows_per_slice(4, 96) == 4  # backward: 6.6 + 0.05 x 384 tokens = 25.8 ms fits 75
 
 
+def test_the_stats_give_each_kinds_line_and_the_fallback_that_puts_its_whole_time_on_positions():
+    sizer = UnitSizer(max_unit_ms=75.0, smoothing=1.0)
+    for tokens in (42, 44, 29):
+        sizer.observe("backward", tokens, 6.6 + 0.05 * tokens)
+    for tokens, ms in ((100, 5.0), (200, 4.0)):  # no growth with size: a launch-bound unit, say
+        sizer.observe("forward", tokens, ms)
+    costs = sizer.costs()
+    assert costs["backward"] == pytest.approx([6.6, 0.05]) and costs["forward"] == pytest.approx([0.0, 0.035])
+
+
 @pytest.mark.parametrize("fixed_ms", [5.0, 15.0, 30.0, 100.0])
 def test_a_head_whose_fixed_cost_is_over_the_bound_is_split_over_the_vocabulary(fixed_ms):
     """Cut along the sequence a head still runs up to twice its fixed cost (its weight read): over the bound,

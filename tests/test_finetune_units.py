@@ -65,6 +65,8 @@ def test_a_tight_unit_budget_splits_micro_batches_without_changing_the_result(jo
     slice_ids, heads_per_step, kinds = set(), [0], []
     while not split.is_finished:
         result = split.run_next_unit()
+        if result.slice_id is not None and result.kind == "embed":
+            assert split.stats()["slice_rows"] == [1] * len(split.stats()["slice_rows"])  # what the stats say
         slice_ids.add(result.slice_id)
         heads_per_step[-1] += result.kind == "head"
         kinds.append(result.kind)

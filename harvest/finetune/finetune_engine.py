@@ -374,6 +374,8 @@ class FinetuneEngine:
             "recomputed_again": self.num_recomputed_again,
             "max_unit_ms": self._sizer.max_unit_ms,
             "unit_overrun": self._sizer.overruns(),
+            "unit_cost": self._sizer.costs(),
+            "slice_rows": [len(row_slice.inputs["input_ids"]) for row_slice in list(self._queue.slices)],
             "base_weights": self.base_weights,
             "warmup_ms": None if self.warmup_ms is None else round(self.warmup_ms, 3),
             "warmup_unit_ms": {kind: round(ms, 3) for kind, ms in self.warmup_unit_ms.items()},

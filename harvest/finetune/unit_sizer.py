@@ -105,6 +105,12 @@ class UnitSizer:
         """Each timed kind's overrun (stats: how far under `max_unit_ms` its units are cut)."""
         return {kind: round(self.overrun(kind), 3) for kind in self._spread}
 
+    def costs(self) -> dict[str, list[float]]:
+        """Each timed kind's line, [fixed ms, ms per position] (stats: a fixed part of 0 is the fallback that
+        puts a unit's whole time on its positions)."""
+        return {kind: [round(fixed, 4), round(per_position, 6)] for kind in self._ms
+                for fixed, per_position in [self.cost(kind)]}
+
     def optimizer_parts(self, max_parts: int) -> int:
         """P in [1, max_parts]: the parts an optimizer update is cut into so one stays under `max_unit_ms` at
         the update's measured time (each part's own fixed cost is in that time, so P errs high and settles);
