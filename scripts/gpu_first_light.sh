@@ -143,7 +143,7 @@ print(f"kick_request: {reply.status_code} at {time.strftime('%H:%M:%S', time.gmt
 EOF4
 }
 
-run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a replay, its stats and step records
+run_worker() {  # $1 temporal|spatial: a worker with the job, the job alone, a replay per rate scale, its stats and step records
   local dir=$work/$1 pid poller rc=1 i left
   rm -rf "$dir" && mkdir -p "$dir"
   free_ports

@@ -189,7 +189,8 @@ class HarvestPolicy(ColocationPolicy):
                 step.finetune_tokens, ft_bytes, window)
 
     def idle(self, t_s, until_s):
-        """The worker's idle loop: one unit per turn until a request has arrived (it waits for the unit)."""
+        """The worker's idle loop: one unit per turn (the turn that takes a partition back runs none) until a
+        request has arrived (it waits for the unit)."""
         self.clock.t_s = t_s
         self.job.is_ready = self.lent_window(0)[1] > 0
         tokens = 0.0
