@@ -337,9 +337,8 @@ class SpatialController(Controller):
             self.idle_turn_worked = True
             self._idle_unit_ms = (self.clock() - started) * 1e3
             return 0
-        num_units_before = self.num_units_idle
         tokens = super().on_idle(kv_demand_slots)
-        if self.chooser is not None and self.num_units_idle == num_units_before:
+        if self.chooser is not None and not self.idle_turn_worked:
             self.chooser.skip()  # no unit was ready: the time measures no split (an idle turn's unit does)
         return tokens
 

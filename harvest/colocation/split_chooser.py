@@ -8,19 +8,19 @@ time: the tokens through the job's units (a token passes every unit of its optim
 come in lumps as trained tokens do, counted once per micro-batch at its embedding). The idle turns between its steps
 count too: the split changes how much of the time decode leaves idle (decode on fewer cores takes longer, and the
 whole device's slices stretch its steps), and idle turns train on the whole device under either split, so work over
-all the time is what the worker gets from the split. A gap longer than a
-phase counts for no split (a long idle stretch would credit whichever split it fell in), nor do steps while the job
-has no ready work (its engine being built). The split with the best recent rate runs next; another one gets a phase
-now and then to keep its rate current, less often the further behind it was (EXPLORE_EVERY doubles up to its cap,
-and drops back when it comes close). Within a partition's phase, a step whose batch decode on fewer cores would not
-serve in the target runs on the whole device all the same (SpatialController._serving_split). A partition's step
-over the target all the same, a miss its batches' fit did not see coming, ends its phase at once and caps the
-partition's batch below the one that missed for CAP_PHASES (doubling each time it misses again, halving each phase
-it keeps the target): the larger the batch, the less room decode's own stalls have under the target, so a stall
-misses at the largest batches first, and the batches under the cap keep training beside decode (set aside whole
-instead, a partition's phases after a miss went to the whole device at a fraction of its rate:
-eval/results/cpu-2026-11-29/amd-host/). A miss at a batch of one sets the partition aside (a cap of 0) while decode
-on fewer cores may not keep the target at this load; the whole device keeps it by the slice's own back-off.
+all the time is what the worker gets from the split. A gap longer than a phase counts for no split (a long idle
+stretch would credit whichever split it fell in), nor do steps while the job has no ready work (its engine being
+built). The split with the best recent rate runs next; another one gets a phase now and then to keep its rate
+current, less often the further behind it was (EXPLORE_EVERY doubles up to its cap, and drops back when it comes
+close). Within a partition's phase, a step whose batch decode on fewer cores would not serve in the target runs on
+the whole device all the same (SpatialController._serving_split). A partition's step over the target all the same, a
+miss its batches' fit did not see coming, ends its phase at once and caps the partition's batch below the one that
+missed for CAP_PHASES (doubling each time it misses again, halving each phase it keeps the target): the larger the
+batch, the less room decode's own stalls have under the target, so a stall misses at the largest batches first, and
+the batches under the cap keep training beside decode (set aside whole instead, a partition's phases after a miss
+went to the whole device at a fraction of its rate: eval/results/cpu-2026-11-29/amd-host/). A miss at a batch of one
+sets the partition aside (a cap of 0) while decode on fewer cores may not keep the target at this load; the whole
+device keeps it by the slice's own back-off.
 
 Phase rates are noisy: a lull credits whichever split it fell in. So the worker starts on the even split (what a
 user pins by hand, and what trains most once decode needs a core most of the time: `eval/results/cpu-2026-11-27/
