@@ -159,6 +159,9 @@ class AlwaysReadyJob:
     def next_unit_kind(self):
         return "unit"
 
+    def next_unit_predicted_ms(self):
+        return None
+
     def note_no_room(self):
         pass
 

@@ -457,6 +457,29 @@ def test_a_host_stall_keeps_a_kind_out_of_slices_for_a_few_steps_only(stall_ms):
     assert controller.stats()["unit_ms"]["unit"]["stalls_forgotten"] == 0
 
 
+def test_a_unit_the_job_sizes_is_admitted_at_its_own_size_not_at_its_kinds_largest():
+    """Units of one kind cut to different sizes (head spans of 20 and 50 ms) spread 2.5x: by its kind's
+    times even a 20 ms unit waits for room the 50 ms ones' high quantile needs. With the job's prediction at its
+    size, each is admitted at that times the kind's spread around the line, once MIN_LINE_RATIOS were timed
+    against one on the whole device (co-run units never count)."""
+    from harvest.colocation.unit_times import MIN_LINE_RATIOS, UnitTimes
+
+    times = UnitTimes()
+    times.record("head", 50.0)  # the kind's first: kept apart
+    for i in range(MIN_LINE_RATIOS - 1):
+        size_ms = (20.0, 50.0)[i % 2]
+        times.record("head", size_ms * (1.02 if i % 3 else 0.98), predicted_ms=size_ms)
+        times.record("head", 4 * size_ms, co_run=True, predicted_ms=size_ms)
+    by_kind = times.estimate_ms("head", 75.0)
+    assert by_kind > 60.0
+    assert times.estimate_ms("head", 75.0, predicted_ms=20.0) == by_kind  # too few timed against the line
+    times.record("head", 20.4, predicted_ms=20.0)
+    by_kind = times.estimate_ms("head", 75.0)  # a unit without a prediction: by its kind
+    small, large = (times.estimate_ms("head", 75.0, predicted_ms=ms) for ms in (20.0, 50.0))
+    assert 20.0 * 1.02 <= small < 24.0 and 50.0 * 1.02 <= large < 60.0 < by_kind
+    assert times.stats(75.0)["head"]["admit_x_line"] == pytest.approx(small / 20.0, abs=1e-3)
+
+
 def test_a_unit_beside_decode_does_not_price_the_slice_units_of_its_kind():
     """Co-run units run on the finetune partition (one core of two), slice units on the whole device: the
     slower co-run times are kept apart (stats unit_ms.<kind>.co_run) and count only for how long a pause

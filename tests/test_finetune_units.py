@@ -265,3 +265,29 @@ def test_the_sizer_times_a_unit_by_the_positions_it_computes_padding_included(jo
     assert any(n > r.num_tokens for r, n in layer_units)  # these batches are padded
     for slice_id in {r.slice_id for r, _ in layer_units}:  # every layer unit of a row slice is the same size
         assert len({n for r, n in layer_units if r.slice_id == slice_id}) == 1
+
+
+def test_the_engine_predicts_its_next_unit_on_its_kinds_line_at_the_size_it_was_cut_to(job_path, monkeypatch):
+    """A slice admits a unit at what the sizer's line says its size takes (UnitTimes.estimate_ms): the engine
+    predicts the unit it runs next at the positions that unit computes, an optimizer part at its share of the
+    update, and nothing for a new step (not cut yet) or an unsized kind. A clock that gives every unit 0.5 ms
+    plus 1 ms per position makes the line exact."""
+    observe = UnitSizer.observe
+    monkeypatch.setattr(UnitSizer, "observe", lambda self, kind, num_positions, duration_ms:
+                        observe(self, kind, num_positions, 0.5 + float(num_positions)))
+    engine = FinetuneEngine.from_yaml(job_path, config=FinetuneConfig(max_unit_ms=40.0))
+    assert engine.next_unit_predicted_ms() is None
+    predicted_kinds = set()
+    while not engine.is_finished:
+        unit = engine._queue.peek()
+        predicted = engine.next_unit_predicted_ms()
+        update_ms = engine._sizer._optimizer_ms
+        engine.run_next_unit()
+        if unit is None or unit.kind == "grad_norm":
+            assert predicted is None
+        elif unit.param_part is not None:
+            assert predicted == (None if update_ms is None else pytest.approx(update_ms / unit.param_part[1]))
+        elif unit.vocab_part is None and predicted is not None:
+            predicted_kinds.add(unit.kind)
+            assert predicted == pytest.approx(0.5 + engine._queue.num_unit_positions(unit))
+    assert {"forward", "head", "backward"} <= predicted_kinds

@@ -304,10 +304,11 @@ class Controller:
         excess_ms = 0.0
         while self.job.has_ready_work():
             kind = self.job.next_unit_kind()
-            estimate_ms = self.unit_times.estimate_ms(kind, self.job.max_unit_ms)
+            predicted_ms = self.job.next_unit_predicted_ms()
+            estimate_ms = self.unit_times.estimate_ms(kind, self.job.max_unit_ms, predicted_ms)
             room_ms = admit_ms - (self.clock() - started) * 1e3
             if estimate_ms > room_ms:
-                if room_ms > 0 and self.unit_times.forget_a_stall(kind, room_ms):
+                if room_ms > 0 and self.unit_times.forget_a_stall(kind, room_ms, predicted_ms):
                     continue
                 break
             result = self._run_unit()
@@ -459,12 +460,14 @@ class Controller:
         return self.lender.rebalance(kv_demand_slots, can_grow=can_grow and self.job.state in ACTIVE_PHASES)
 
     def _run_unit(self, co_run: bool = False):
-        """Run the job's next unit and keep its time (`co_run`: beside decode, on the finetune partition)."""
+        """Run the job's next unit and keep its time, and on the whole device its time over its prediction
+        (`co_run`: beside decode, on the finetune partition)."""
+        predicted_ms = None if co_run else self.job.next_unit_predicted_ms()
         result = self.job.run_unit()
         if result is not None:
             self.unit_tokens += result.num_tokens
             if result.duration_ms > 0:
-                self.unit_times.record(result.kind, result.duration_ms, co_run)
+                self.unit_times.record(result.kind, result.duration_ms, co_run, predicted_ms)
         return result
 
 

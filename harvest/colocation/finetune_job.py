@@ -184,6 +184,12 @@ class FinetuneJob:
     def next_unit_kind(self) -> str:
         return PUBLISH_UNIT if self._is_publish_due else self.engine.next_unit_kind()
 
+    def next_unit_predicted_ms(self) -> float | None:
+        """FinetuneEngine.next_unit_predicted_ms (None for a publish, or a job without an engine)."""
+        if self._is_publish_due or self.engine is None:
+            return None
+        return self.engine.next_unit_predicted_ms()
+
     def run_unit(self):
         """Run one unit; returns its UnitResult, or None if the job failed or finished doing it."""
         if self._is_publish_due:

@@ -161,6 +161,17 @@ class FinetuneEngine:
             return "checkpoint"
         return unit.kind
 
+    def next_unit_predicted_ms(self) -> float | None:
+        """What the unit sizer's line says the unit run_next_unit would run now takes, at its size (None: not
+        timed yet, a kind without a size, or a new step, whose units are not cut yet): a slice admits it at this
+        times its kind's spread around the line (UnitTimes), not at its kind's longest size."""
+        unit = self._queue.peek()
+        if unit is None or (unit.is_step_end and self._is_save_step(self.global_step + 1)):
+            return None
+        return self._sizer.predict_ms(unit.kind, self._queue.num_unit_positions(unit),
+                                      vocab_parts=0 if unit.vocab_part is None else unit.vocab_part[1],
+                                      optimizer_parts=0 if unit.param_part is None else unit.param_part[1])
+
     @property
     def max_unit_ms(self) -> float | None:
         """What the units planned now are sized to stay under (None: not split on time)."""

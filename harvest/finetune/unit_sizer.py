@@ -111,6 +111,18 @@ class UnitSizer:
         return {kind: [round(fixed, 4), round(per_position, 6)] for kind in self._ms
                 for fixed, per_position in [self.cost(kind)]}
 
+    def predict_ms(self, kind: str, num_positions: int, vocab_parts: int = 0, optimizer_parts: int = 0) -> float | None:
+        """A unit's time on its kind's line at its size: one of a head's 2 x `vocab_parts` chunk units at its
+        heavier pass's share, one of `optimizer_parts` parts of an update at its share of the update's time. None:
+        its kind is not timed yet, or has no size (grad_norm, an update not cut)."""
+        if optimizer_parts:
+            return None if self._optimizer_ms is None else self._optimizer_ms / optimizer_parts
+        line = self.cost(kind)
+        if line is None or num_positions <= 0:
+            return None
+        whole_ms = line[0] + line[1] * num_positions
+        return whole_ms * self._head_heavy_share / vocab_parts if vocab_parts else whole_ms
+
     def optimizer_parts(self, max_parts: int) -> int:
         """P in [1, max_parts]: the parts an optimizer update is cut into so one stays under `max_unit_ms` at
         the update's measured time (each part's own fixed cost is in that time, so P errs high and settles);

@@ -287,6 +287,9 @@ class JobSet:
     def next_unit_kind(self) -> str:
         return self._active.job.next_unit_kind()
 
+    def next_unit_predicted_ms(self) -> float | None:
+        return self._active.job.next_unit_predicted_ms()
+
     def run_unit(self):
         member = self._active
         member.job.request_unit_bound(self.requested_unit_ms)

@@ -114,6 +114,9 @@ class RecordedJob:
     def next_unit_kind(self) -> str:
         return self._units[self._next].kind
 
+    def next_unit_predicted_ms(self) -> None:
+        return None  # the recording keeps units' times, not their sizes: a slice admits them by kind
+
     def run_unit(self) -> SimulatedUnit:
         unit = self._units[self._next]
         self._next = self._next + 1 if self._next + 1 < len(self._units) else self._wrap_to

@@ -88,6 +88,9 @@ class SimulatedJob:
     def next_unit_kind(self) -> str:
         return self._unit.kind
 
+    def next_unit_predicted_ms(self) -> None:
+        return None  # units of one size: their kind's times are their size's
+
     def run_unit(self) -> SimulatedUnit:
         if self._co_run is not None:
             unit, self._co_run = self._co_run, None
