@@ -3,10 +3,10 @@ kind's first time (kept apart), its recent times on the whole device (slice and 
 (co-run units, spatial mode), the estimate a slice admits it at, and the host stalls forgotten when that
 estimate kept the kind out of slices for too long (eval/README.md, "Temporal slice", says why).
 
-Units of one kind differ in size (a head span, a slice's rows, an update's parts; the job sizes them, UnitSizer),
-so where the job says what its next unit's size should take (its sizer's line), the estimate is that times a high
-quantile of how far the kind's units ran over their line: its spread at any size, not its largest size's time at
-its whole spread (the head's estimate, sized 30-65 ms, was 136 ms at a heavy load, over most slices' room)."""
+Units of one kind differ in size (a head span, a slice's rows, an update's parts; the job sizes them, UnitSizer):
+where the job says what its next unit's size should take (its sizer's line), the estimate may be that times a high
+quantile of how far the kind's units ran over their line, the spread at its size, instead of its kind's largest
+sizes at the spread of all sizes (estimate_ms; eval/results/cpu-2026-11-30/unit-estimate/)."""
 
 import math
 import statistics
@@ -67,17 +67,21 @@ class UnitTimes:
         self._refusals.pop(kind, None)
 
     def estimate_ms(self, kind: str, untimed_bound_ms: float | None, predicted_ms: float | None = None) -> float:
-        """`predicted_ms` (the job's prediction at the unit's size) times a high quantile of how far the kind's
-        recent units ran over theirs, at least the furthest; without a prediction, or before MIN_LINE_RATIOS
-        were timed against one, a high quantile of the kind's recent times, at least the longest of them, its
-        first time left out (record). A kind timed fewer than 2 times after its first is estimated at twice
+        """A high quantile of the kind's recent times, at least the longest of them, its first time left out
+        (record); or, if lower, `predicted_ms` (the job's prediction at the unit's size) times a high quantile of
+        how far the kind's recent units ran over theirs, at least the furthest, once MIN_LINE_RATIOS were timed
+        against one. The lower of the two: the kind's times are the tighter where its units are alike in size
+        (small layer units: the line adds its own drift), the line where they differ (head spans, an update's
+        parts). A kind timed fewer than 2 times after its first is estimated at twice
         `untimed_bound_ms` (the job's unit bound: units are cut to it, but the first ones before any is timed,
         so they may overrun it), or admitted in idle loops only if there is none (None).
         A host stall in the times keeps the kind out of slices for STALL_PATIENCE slices (forget_a_stall);
         eval/README.md, "Temporal slice", says why a more robust estimate is not used."""
+        by_kind = self._kind_estimate_ms(kind, untimed_bound_ms)
         factor = None if predicted_ms is None else self._line_factor(kind)
-        if factor is not None:
-            return predicted_ms * factor
+        return by_kind if factor is None else min(by_kind, predicted_ms * factor)
+
+    def _kind_estimate_ms(self, kind: str, untimed_bound_ms: float | None) -> float:
         cached = self._estimates_ms.get(kind)
         if cached is not None:
             return cached
@@ -99,10 +103,11 @@ class UnitTimes:
 
     def forget_a_stall(self, kind: str, room_ms: float, predicted_ms: float | None = None) -> bool:
         """A slice has `room_ms` but the kind's estimate (at `predicted_ms`, estimate_ms) is over it: on the
-        STALL_PATIENCE-th such slice in a row, forget its longest recent time (or time over its line) if the
-        estimate without it fits. True if it forgot one."""
+        STALL_PATIENCE-th such slice in a row, forget the longest recent time (or time over its line, whichever
+        estimate was the lower) if the estimate without it fits. True if it forgot one."""
         refusals = self._refusals[kind] = self._refusals.get(kind, 0) + 1
-        by_line = predicted_ms is not None and self._line_factor(kind) is not None
+        factor = None if predicted_ms is None else self._line_factor(kind)
+        by_line = factor is not None and predicted_ms * factor < self._kind_estimate_ms(kind, None)
         recent = self._line_ratios.get(kind) if by_line else self._recent_ms.get(kind)
         if refusals < STALL_PATIENCE or recent is None or len(recent) < 3:
             return False
