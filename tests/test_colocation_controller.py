@@ -461,7 +461,8 @@ def test_a_unit_the_job_sizes_is_admitted_at_its_own_size_not_at_its_kinds_large
     """Units of one kind cut to different sizes (head spans of 20 and 50 ms) spread 2.5x: by its kind's
     times even a 20 ms unit waits for room the 50 ms ones' high quantile needs. With the job's prediction at its
     size, each is admitted at that times the kind's spread around the line, once MIN_LINE_RATIOS were timed
-    against one on the whole device (co-run units never count)."""
+    against one on the whole device (co-run units never count); where its kind's times are the tighter (units
+    alike, a line that drifts), at those."""
     from harvest.colocation.unit_times import MIN_LINE_RATIOS, UnitTimes
 
     times = UnitTimes()
@@ -478,6 +479,7 @@ def test_a_unit_the_job_sizes_is_admitted_at_its_own_size_not_at_its_kinds_large
     small, large = (times.estimate_ms("head", 75.0, predicted_ms=ms) for ms in (20.0, 50.0))
     assert 20.0 * 1.02 <= small < 24.0 and 50.0 * 1.02 <= large < 60.0 < by_kind
     assert times.stats(75.0)["head"]["admit_x_line"] == pytest.approx(small / 20.0, abs=1e-3)
+    assert times.estimate_ms("head", 75.0, predicted_ms=500.0) == by_kind  # a line far over the kind's times
 
 
 def test_a_unit_beside_decode_does_not_price_the_slice_units_of_its_kind():
@@ -509,9 +511,14 @@ def test_the_batch_cost_fit_finds_the_decode_cost_and_how_far_decode_overruns_it
     assert cost.stretch_limit_ms(4, 60.0, 100.0) == 0.0, "no fit: a request more (75 ms) is past 70 ms"
     for i in range(400):
         batch = 1 + i % 5
-        slow = 1.5 if i % 50 == 0 else 1.0  # the host stalls one step in 50: 2 % over 1.2x the fit
+        slow = 1.5 if i % 50 == 0 else 1.0  # the host stalls one step in 50, each at a batch of one
         cost.observe(batch, slow * (10.0 + 3.0 * batch + (0.5 if i % 2 else -0.5)))
     assert cost.slope_ms == pytest.approx(3.0, abs=0.5)
+    assert cost.overrun_quantile < 1.1, "a stall at a batch of one says nothing of the batches max_batch asks about"
+    for i in range(400):
+        batch = 1 + i % 5
+        slow = 1.5 if i % 49 == 0 else 1.0  # now at every batch size: 2 % over 1.2x the fit
+        cost.observe(batch, slow * (10.0 + 3.0 * batch + (0.5 if i % 2 else -0.5)))
     assert 1.3 < cost.overrun_quantile < 1.6, "the 99th percentile of measured / fitted is a stalled step's"
     for _ in range(500):  # a long stretch of one batch size keeps the slope it had
         cost.observe(2, 16.0)

@@ -89,7 +89,7 @@ class BatchCost:
         self._w = self._b = self._bb = self._y = self._by = 0.0
         self.slope_ms: float | None = None
         self.intercept_ms = 0.0
-        self._overrun: deque[float] = deque(maxlen=RECENT_OVERRUNS)
+        self._overrun: deque[tuple[int, float]] = deque(maxlen=RECENT_OVERRUNS)  # (batch, measured / fitted)
         self._overrun_quantile: float | None = None
         self._spread_w = self._spread_b = self._spread_bb = 0.0
         self.dispersion = 1.0
@@ -99,9 +99,13 @@ class BatchCost:
         if self.slope_ms is not None:
             fitted = self.intercept_ms + self.slope_ms * batch_size
             if fitted > 0:
-                self._overrun.append(latency_ms / fitted)
+                self._overrun.append((batch_size, latency_ms / fitted))
                 if len(self._overrun) >= MIN_OVERRUNS and len(self._overrun) % 16 == 0:
-                    self._overrun_quantile = max(1.0, quantile(self._overrun, OVERRUN_QUANTILE))
+                    # The larger batches' ratios: max_batch asks how far a large batch runs over, and a stall
+                    # is a larger share of a short step (a batch of one) than of the long steps asked about.
+                    largest = max(batch for batch, _ in self._overrun)
+                    ratios = [ratio for batch, ratio in self._overrun if 2 * batch >= largest]
+                    self._overrun_quantile = max(1.0, quantile(ratios, OVERRUN_QUANTILE))
         d = BATCH_SPREAD_DECAY
         self._spread_w = d * self._spread_w + 1.0
         self._spread_b = d * self._spread_b + batch_size
@@ -135,7 +139,8 @@ class BatchCost:
 
     @property
     def overrun_quantile(self) -> float:
-        """How far decode alone runs over its fit (a high quantile of measured / fitted)."""
+        """How far decode alone runs over its fit: a high quantile of measured / fitted over the recent steps
+        whose batch is at least half the largest recent one."""
         return 1.0 / BACKOFF_LATENCY_FRACTION if self._overrun_quantile is None else self._overrun_quantile
 
     def max_batch(self, target_ms: float, per_request_ms: float | None = None) -> float:
