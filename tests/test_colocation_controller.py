@@ -505,7 +505,7 @@ def test_a_unit_beside_decode_does_not_price_the_slice_units_of_its_kind():
 def test_the_batch_cost_fit_finds_the_decode_cost_and_how_far_decode_overruns_it():
     from harvest.colocation.controller import BatchCost
 
-    cost = BatchCost()
+    cost, beside_partition = BatchCost(), BatchCost(larger_batches_overrun=False)
     cost.dispersion = 0.0  # batches that do not spread: the fit alone sets the limit
     assert cost.stretch_limit_ms(4, 20.0, 100.0) == pytest.approx(70.0), "no fit: 70 % of the target"
     assert cost.stretch_limit_ms(4, 60.0, 100.0) == 0.0, "no fit: a request more (75 ms) is past 70 ms"
@@ -513,8 +513,10 @@ def test_the_batch_cost_fit_finds_the_decode_cost_and_how_far_decode_overruns_it
         batch = 1 + i % 5
         slow = 1.5 if i % 50 == 0 else 1.0  # the host stalls one step in 50, each at a batch of one
         cost.observe(batch, slow * (10.0 + 3.0 * batch + (0.5 if i % 2 else -0.5)))
+        beside_partition.observe(batch, slow * (10.0 + 3.0 * batch + (0.5 if i % 2 else -0.5)))
     assert cost.slope_ms == pytest.approx(3.0, abs=0.5)
     assert cost.overrun_quantile < 1.1, "a stall at a batch of one says nothing of the batches max_batch asks about"
+    assert 1.3 < beside_partition.overrun_quantile < 1.6, "beside a partition, every step's ratio counts"
     for i in range(400):
         batch = 1 + i % 5
         slow = 1.5 if i % 49 == 0 else 1.0  # now at every batch size: 2 % over 1.2x the fit

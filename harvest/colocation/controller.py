@@ -81,11 +81,18 @@ class BatchCost:
     decode had no fixed cost: the most a request can add where cost grows with batch, as on CPUs) and the
     quantile is 1 / BACKOFF_LATENCY_FRACTION. eval/README.md ("Temporal slice") has why."""
 
-    def __init__(self, decay: float = BATCH_COST_DECAY, max_running: float = math.inf):
+    def __init__(self, decay: float = BATCH_COST_DECAY, max_running: float = math.inf,
+                 larger_batches_overrun: bool = True):
         """`max_running`: the most requests the scheduler decodes at once (SGLang's max_running_requests): the
-        batch grows no further, and a request past it waits for admission, which costs its TTFT, not its TPOT."""
+        batch grows no further, and a request past it waits for admission, which costs its TTFT, not its TPOT.
+        `larger_batches_overrun`: the overrun quantile over the steps of the larger batches only (decode alone on
+        the whole device: a stall is a larger share of a short step than of the long ones max_batch is asked
+        about); False: over all steps (decode beside a finetune partition, SpatialController: its tail at the
+        larger batches is heavier and too rare in a phase's steps to measure, and all steps' quantile keeps the
+        give-back where a trainer pinned beside decode missed: eval/results/cpu-2026-11-30/unit-estimate/)."""
         self.decay = decay
         self.max_running = max_running
+        self.larger_batches_overrun = larger_batches_overrun
         self._w = self._b = self._bb = self._y = self._by = 0.0
         self.slope_ms: float | None = None
         self.intercept_ms = 0.0
@@ -101,9 +108,7 @@ class BatchCost:
             if fitted > 0:
                 self._overrun.append((batch_size, latency_ms / fitted))
                 if len(self._overrun) >= MIN_OVERRUNS and len(self._overrun) % 16 == 0:
-                    # The larger batches' ratios: max_batch asks how far a large batch runs over, and a stall
-                    # is a larger share of a short step (a batch of one) than of the long steps asked about.
-                    largest = max(batch for batch, _ in self._overrun)
+                    largest = max(batch for batch, _ in self._overrun) if self.larger_batches_overrun else 0
                     ratios = [ratio for batch, ratio in self._overrun if 2 * batch >= largest]
                     self._overrun_quantile = max(1.0, quantile(ratios, OVERRUN_QUANTILE))
         d = BATCH_SPREAD_DECAY
@@ -139,8 +144,8 @@ class BatchCost:
 
     @property
     def overrun_quantile(self) -> float:
-        """How far decode alone runs over its fit: a high quantile of measured / fitted over the recent steps
-        whose batch is at least half the largest recent one."""
+        """How far decode runs over its fit: a high quantile of measured / fitted over the recent steps (with
+        larger_batches_overrun, those whose batch is at least half the largest recent one)."""
         return 1.0 / BACKOFF_LATENCY_FRACTION if self._overrun_quantile is None else self._overrun_quantile
 
     def max_batch(self, target_ms: float, per_request_ms: float | None = None) -> float:

@@ -197,7 +197,8 @@ class SpatialController(Controller):
         super().after_step(step, kv_demand_slots)
         decode_ms = step.latency_ms - step.preempt_ms
         if co_ran_on is not None:
-            self._partition_cost.setdefault(co_ran_on, BatchCost()).observe(step.batch_size, decode_ms)
+            cost = self._partition_cost.setdefault(co_ran_on, BatchCost(larger_batches_overrun=False))
+            cost.observe(step.batch_size, decode_ms)
         self._decode_ms.append(decode_ms)
         self._preempted.append(self.num_preemptions != self._num_preemptions_seen)
         self._num_preemptions_seen = self.num_preemptions
