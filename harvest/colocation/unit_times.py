@@ -72,9 +72,9 @@ class UnitTimes:
         how far the kind's recent units ran over theirs, at least the furthest, once MIN_LINE_RATIOS were timed
         against one. The lower of the two: the kind's times are the tighter where its units are alike in size
         (small layer units: the line adds its own drift), the line where they differ (head spans, an update's
-        parts). A kind timed fewer than 2 times after its first is estimated at twice
-        `untimed_bound_ms` (the job's unit bound: units are cut to it, but the first ones before any is timed,
-        so they may overrun it), or admitted in idle loops only if there is none (None).
+        parts). A kind timed fewer than 2 times after its first is estimated at twice `untimed_bound_ms` (the
+        job's unit bound: units are cut to it, but the first ones before any is timed, so they may overrun it),
+        or admitted in idle loops only if there is none (None).
         A host stall in the times keeps the kind out of slices for STALL_PATIENCE slices (forget_a_stall);
         eval/README.md, "Temporal slice", says why a more robust estimate is not used."""
         by_kind = self._kind_estimate_ms(kind, untimed_bound_ms)
