@@ -321,7 +321,7 @@ class Controller:
                 if room_ms > 0 and self.unit_times.forget_a_stall(kind, room_ms, predicted_ms):
                     continue
                 break
-            result = self._run_unit()
+            result = self._run_unit(predicted_ms=predicted_ms)
             if result is None:
                 break
             excess_ms = max(excess_ms, result.duration_ms - estimate_ms)
@@ -369,7 +369,7 @@ class Controller:
         if not self.job.has_ready_work():
             return 0
         started = self.clock()
-        result = self._run_unit()
+        result = self._run_unit(predicted_ms=self.job.next_unit_predicted_ms())
         self._idle_unit_ms = (self.clock() - started) * 1e3
         if result is None:
             return 0
@@ -469,10 +469,10 @@ class Controller:
         # Growth waits while the operator pauses the job, not while it waits for memory: that is what it needs.
         return self.lender.rebalance(kv_demand_slots, can_grow=can_grow and self.job.state in ACTIVE_PHASES)
 
-    def _run_unit(self, co_run: bool = False):
-        """Run the job's next unit and keep its time, and on the whole device its time over its prediction
-        (`co_run`: beside decode, on the finetune partition)."""
-        predicted_ms = None if co_run else self.job.next_unit_predicted_ms()
+    def _run_unit(self, co_run: bool = False, predicted_ms: float | None = None):
+        """Run the job's next unit and keep its time, and its time over `predicted_ms` (the job's prediction for
+        it, next_unit_predicted_ms, asked by the caller; None for a co-run unit, `co_run`: beside decode, on the
+        finetune partition, whose time never prices a slice)."""
         result = self.job.run_unit()
         if result is not None:
             self.unit_tokens += result.num_tokens

@@ -347,12 +347,12 @@ class SpatialController(Controller):
         self._revoke()
         self.runner.close()
 
-    def _run_unit(self, co_run: bool = False):
+    def _run_unit(self, co_run: bool = False, predicted_ms: float | None = None):
         """A slice or idle unit: the scheduler thread owns the job; the whole device."""
         if co_run:
             return super()._run_unit(co_run=True)
         with self.runner.job_at_boundary(wait=True), self.partitions.whole_device_context():
-            return super()._run_unit()
+            return super()._run_unit(predicted_ms=predicted_ms)
 
     def stats(self) -> dict:
         granted, granted_s = self._granted, self._granted_s
